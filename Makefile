@@ -1,0 +1,44 @@
+# One entry point for set-up, build, demo, tests, sanitizers and benchmarks.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip -q --disable-pip-version-check
+STAMP := $(VENV)/.leapp-setup
+
+.PHONY: setup build demo test test-asan bench compat clean
+
+setup: $(STAMP)
+
+# A fresh machine: libyaml headers, a venv, torch pinned to the CPU build, the
+# package (editable, which compiles the C core) and its test dependencies.
+$(STAMP): pyproject.toml setup.py constraints.txt
+	@test -f /usr/include/yaml.h || (apt-get update -qq && apt-get install -y -qq libyaml-dev)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -c constraints.txt setuptools wheel torch==2.13.0
+	$(PIP) install -c constraints.txt --no-build-isolation -e '.[test]'
+	@touch $(STAMP)
+
+build: setup
+	$(PY) setup.py -q build_ext --inplace
+
+demo: build
+	$(PY) examples/getting_started.py
+
+test: build
+	$(PY) -m pytest -q tests
+
+# ASan + UBSan build of the core, then the C-level tests and a leak check.
+test-asan: setup
+	LEAPP_SANITIZE=1 $(PY) setup.py -q build_ext --inplace --force
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
+		$(PY) -m pytest -q tests/c
+	$(PY) setup.py -q build_ext --inplace --force
+
+bench: build
+	$(PY) bench/run.py $(if $(UPSTREAM),--upstream $(UPSTREAM),)
+
+compat: build
+	$(PY) bench/compat.py --setup
+
+clean:
+	rm -rf build leapp/*.so

@@ -1,0 +1,360 @@
+/* graph.c: the pipeline of finished nodes.
+ *
+ * Every input port that received a published value names its producer
+ * (src_node, src_port).  An edge is forward (data_flow) when the producer
+ * finished before the consumer and feedback (feedback_flow) otherwise,
+ * self-loops and declared state included.  Unconnected inputs are graph
+ * inputs; outputs no edge consumes are graph outputs.
+ */
+#include "leapp.h"
+
+static PyObject *
+joined(PyObject *node_name, PyObject *port_name)
+{
+    return PyUnicode_FromFormat("%U/%U", node_name, port_name);
+}
+
+/* Append value to the list at mapping[key], creating it if needed. */
+static int
+append_to(PyObject *mapping, PyObject *key, PyObject *value)
+{
+    PyObject *list = PyDict_GetItemWithError(mapping, key); /* borrowed */
+    int rc;
+    if (list == NULL) {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        list = PyList_New(0);
+        if (list == NULL) {
+            return -1;
+        }
+        rc = PyDict_SetItem(mapping, key, list);
+        Py_DECREF(list); /* the mapping holds it now */
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return PyList_Append(list, value);
+}
+
+/* A copy of mapping with its keys sorted (YAML emits pipeline keys sorted). */
+static PyObject *
+sorted_dict(PyObject *mapping)
+{
+    PyObject *keys = PyDict_Keys(mapping), *out = NULL;
+    Py_ssize_t i;
+    if (keys == NULL || PyList_Sort(keys) < 0) {
+        goto done;
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto done;
+    }
+    for (i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);          /* borrowed */
+        PyObject *v = PyDict_GetItemWithError(mapping, k); /* borrowed */
+        if (v == NULL || PyDict_SetItem(out, k, v) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+    }
+done:
+    Py_XDECREF(keys);
+    return out;
+}
+
+static int
+add_message(PyObject *messages, const char *level, PyObject *text)
+{
+    PyObject *item;
+    int rc;
+    if (text == NULL) {
+        return -1;
+    }
+    item = Py_BuildValue("(sO)", level, text);
+    Py_DECREF(text);
+    if (item == NULL) {
+        return -1;
+    }
+    rc = PyList_Append(messages, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/* The producer's output port named src_port, or NULL (borrowed, no error). */
+static PortObject *
+find_output(NodeObject *src, PyObject *src_port)
+{
+    Py_ssize_t i;
+    for (i = 0; i < PyList_GET_SIZE(src->outputs); i++) {
+        PortObject *p = (PortObject *)PyList_GET_ITEM(src->outputs, i);
+        int eq = PyUnicode_Compare(p->name, src_port);
+        if (eq == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+static int
+check_edge(PyObject *src_key, PortObject *out, PyObject *dst_key, PortObject *in)
+{
+    int same = PyObject_RichCompareBool(out->shape, in->shape, Py_EQ);
+    if (same < 0) {
+        return -1;
+    }
+    if (!same) {
+        PyErr_Format(PyExc_ValueError,
+                     "Shape mismatch in pipeline connection: %U %R -> %U %R. The value "
+                     "published by '%U' must keep its shape to feed '%U'.",
+                     src_key, out->shape, dst_key, in->shape, src_key, dst_key);
+        return -1;
+    }
+    same = PyObject_RichCompareBool(out->dtype, in->dtype, Py_EQ);
+    if (same < 0) {
+        return -1;
+    }
+    if (!same) {
+        PyErr_Format(PyExc_ValueError,
+                     "Dtype mismatch in pipeline connection: %U %U -> %U %U. Cast the value "
+                     "before it enters '%U', or change the producer's dtype.",
+                     src_key, out->dtype, dst_key, in->dtype, dst_key);
+        return -1;
+    }
+    return 0;
+}
+
+/* Wire the inputs of one node; fills the edge maps and the consumed set. */
+static int
+wire_node(NodeObject *node, PyObject *in_graph, PyObject *data_flow, PyObject *feedback,
+          PyObject *consumed, PyObject *connected, PyObject *messages)
+{
+    Py_ssize_t i;
+    int rc = -1;
+    PyObject *seen = PyDict_New(); /* src key -> first input name */
+    if (seen == NULL) {
+        return -1;
+    }
+    for (i = 0; i < PyList_GET_SIZE(node->inputs); i++) {
+        PortObject *in = (PortObject *)PyList_GET_ITEM(node->inputs, i); /* borrowed */
+        NodeObject *src;
+        PortObject *out;
+        PyObject *src_key = NULL, *dst_key = NULL, *prev;
+        int member, ok = -1;
+        if (in->src_node == Py_None || in->src_port == Py_None) {
+            continue;
+        }
+        src = (NodeObject *)in->src_node;
+        member = PySet_Contains(in_graph, (PyObject *)src);
+        if (member < 0) {
+            goto done;
+        }
+        if (!member) {
+            if (add_message(messages, "error",
+                            PyUnicode_FromFormat("Error: input %U/%U came from node '%U', which "
+                                                 "is not part of this graph.\nTreating it as a "
+                                                 "dangling input.",
+                                                 node->name, in->name, src->name)) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        out = find_output(src, in->src_port);
+        if (out == NULL) {
+            PyObject *names = PyList_New(0);
+            Py_ssize_t j;
+            if (names == NULL) {
+                goto done;
+            }
+            for (j = 0; j < PyList_GET_SIZE(src->outputs); j++) {
+                if (PyList_Append(names, ((PortObject *)PyList_GET_ITEM(src->outputs, j))->name)
+                    < 0) {
+                    Py_DECREF(names);
+                    goto done;
+                }
+            }
+            ok = add_message(messages, "error",
+                             PyUnicode_FromFormat("Error: input %U/%U expects output '%U' from "
+                                                  "node '%U', which does not produce it.\n"
+                                                  "Available outputs: %R\nTreating it as a "
+                                                  "dangling input.",
+                                                  node->name, in->name, in->src_port, src->name,
+                                                  names));
+            Py_DECREF(names);
+            if (ok < 0) {
+                goto done;
+            }
+            continue;
+        }
+        src_key = joined(src->name, out->name);
+        dst_key = joined(node->name, in->name);
+        if (src_key == NULL || dst_key == NULL) {
+            goto edge_done;
+        }
+        prev = PyDict_GetItemWithError(seen, src_key); /* borrowed */
+        if (prev != NULL) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "Error: unsupported use of sending the same tensor multiple times to "
+                         "the same node. Duplicate input sources in node %U: {'%U'} feeds both "
+                         "'%U' and '%U'. Declare the tensor once and reuse the traced value "
+                         "inside the node.",
+                         node->name, src_key, prev, in->name);
+            goto edge_done;
+        }
+        if (PyErr_Occurred() || PyDict_SetItem(seen, src_key, in->name) < 0) {
+            goto edge_done;
+        }
+        if (check_edge(src_key, out, dst_key, in) < 0) {
+            goto edge_done;
+        }
+        {
+            int forward = src->index >= 0 && src->index < node->index;
+            const char *fmt = forward ? "Found connection: %U  -> %U"
+                                      : "Found feedback connection: %U  -> %U";
+            if (append_to(forward ? data_flow : feedback, src_key, dst_key) < 0
+                || PySet_Add(consumed, src_key) < 0 || PySet_Add(connected, dst_key) < 0
+                || add_message(messages, "info", PyUnicode_FromFormat(fmt, src_key, dst_key))
+                       < 0) {
+                goto edge_done;
+            }
+        }
+        ok = 0;
+    edge_done:
+        Py_XDECREF(src_key);
+        Py_XDECREF(dst_key);
+        if (ok < 0) {
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    Py_DECREF(seen);
+    return rc;
+}
+
+/* Graph inputs (or outputs): ports of each node not in `linked`. */
+static PyObject *
+dangling(PyObject *nodes, int outputs, PyObject *linked, Py_ssize_t *count)
+{
+    PyObject *result = PyDict_New(), *sorted = NULL;
+    Py_ssize_t i, j;
+    if (result == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        NodeObject *node = (NodeObject *)PyList_GET_ITEM(nodes, i); /* borrowed */
+        PyObject *ports = outputs ? node->outputs : node->inputs;
+        for (j = 0; j < PyList_GET_SIZE(ports); j++) {
+            PortObject *p = (PortObject *)PyList_GET_ITEM(ports, j);
+            PyObject *key = joined(node->name, p->name);
+            int found = key ? PySet_Contains(linked, key) : -1;
+            Py_XDECREF(key);
+            if (found < 0) {
+                goto error;
+            }
+            if (!found) {
+                if (append_to(result, node->name, p->name) < 0) {
+                    goto error;
+                }
+                (*count)++;
+            }
+        }
+    }
+    sorted = sorted_dict(result);
+error:
+    Py_DECREF(result);
+    return sorted;
+}
+
+static PyObject *
+count_targets(PyObject *flow, Py_ssize_t *total)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(flow, &pos, &key, &value)) {
+        *total += PyList_GET_SIZE(value);
+    }
+    return flow;
+}
+
+/* build_pipeline(nodes: list[Node]) -> dict
+ *   data_flow, feedback_flow, inputs, outputs: the YAML pipeline mappings
+ *   statistics: dict of the graph statistics
+ *   messages: list of (level, text) for the facade's logger */
+static PyObject *
+build_pipeline(PyObject *module, PyObject *arg)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *nodes = NULL, *in_graph = NULL, *data_flow = NULL, *feedback = NULL;
+    PyObject *consumed = NULL, *connected = NULL, *messages = NULL, *inputs = NULL;
+    PyObject *outputs = NULL, *sorted_data = NULL, *sorted_feedback = NULL, *result = NULL;
+    Py_ssize_t i, n_in = 0, n_out = 0, internal = 0;
+    nodes = PySequence_List(arg);
+    in_graph = PySet_New(NULL);
+    data_flow = PyDict_New();
+    feedback = PyDict_New();
+    consumed = PySet_New(NULL);
+    connected = PySet_New(NULL);
+    messages = PyList_New(0);
+    if (nodes == NULL || in_graph == NULL || data_flow == NULL || feedback == NULL
+        || consumed == NULL || connected == NULL || messages == NULL) {
+        goto done;
+    }
+    for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i); /* borrowed */
+        if (!PyObject_TypeCheck(n, st->node_type)) {
+            PyErr_SetString(PyExc_TypeError, "build_pipeline() expects Node objects");
+            goto done;
+        }
+        if (PySet_Add(in_graph, n) < 0) {
+            goto done;
+        }
+    }
+    for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        if (wire_node((NodeObject *)PyList_GET_ITEM(nodes, i), in_graph, data_flow, feedback,
+                      consumed, connected, messages) < 0) {
+            goto done;
+        }
+    }
+    inputs = dangling(nodes, 0, connected, &n_in);
+    outputs = inputs ? dangling(nodes, 1, consumed, &n_out) : NULL;
+    sorted_data = sorted_dict(data_flow);
+    sorted_feedback = sorted_dict(feedback);
+    if (outputs == NULL || sorted_data == NULL || sorted_feedback == NULL) {
+        goto done;
+    }
+    count_targets(data_flow, &internal);
+    count_targets(feedback, &internal);
+    result = Py_BuildValue(
+        "{sOsOsOsOs{snsnsnsnsn}sO}", "data_flow", sorted_data, "feedback_flow",
+        sorted_feedback, "inputs", inputs, "outputs", outputs, "statistics",
+        "computation_nodes", PyList_GET_SIZE(nodes), "dangling_inputs", n_in,
+        "dangling_outputs", n_out, "internal_connections", internal, "total_edges",
+        internal + n_in + n_out, "messages", messages);
+done:
+    Py_XDECREF(nodes);
+    Py_XDECREF(in_graph);
+    Py_XDECREF(data_flow);
+    Py_XDECREF(feedback);
+    Py_XDECREF(consumed);
+    Py_XDECREF(connected);
+    Py_XDECREF(messages);
+    Py_XDECREF(inputs);
+    Py_XDECREF(outputs);
+    Py_XDECREF(sorted_data);
+    Py_XDECREF(sorted_feedback);
+    return result;
+}
+
+static PyMethodDef graph_functions[] = {
+    {"build_pipeline", build_pipeline, METH_O,
+     "Edges, feedback, graph inputs/outputs and statistics of finished nodes."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+graph_init(PyObject *module, leapp_state *st)
+{
+    (void)st;
+    return PyModule_AddFunctions(module, graph_functions);
+}

@@ -1,0 +1,156 @@
+/* leapp._core: the one internal header shared by the C files of the core.
+ *
+ * Each concern lives in its own file and registers itself from module.c
+ * through one `*_init(module, state)` function:
+ *
+ *   module.c     module state, configuration from the facade, init
+ *   node.c       Node, Port, Carrier and Ref types: node contexts, ports,
+ *                the op log, the constant table, pruning, provenance
+ *   trace.c      the per-op __torch_function__ handler
+ *   annotate.c   the no-session fast paths of the annotations and the
+ *                annotated-method wrapper type
+ *   graph.c      edges, feedback classification, graph I/O, statistics
+ *   yaml_emit.c  YAML emission through libyaml
+ *   runtime.c    the compiled step program behind InferenceManager
+ *
+ * Ownership conventions: functions returning PyObject* return a new
+ * reference, or NULL with an exception set.  Borrowed references are
+ * commented where they are taken.
+ */
+#ifndef LEAPP_H
+#define LEAPP_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* Kinds of torch functions, decided once per function by the facade's
+ * classifier (leapp._ops.classify) and cached in state->op_kinds. */
+enum {
+    OP_PLAIN = 0,      /* record as called */
+    OP_INPLACE = 1,    /* mutates args[0]: record a functional rewrite */
+    OP_COPY = 2,       /* clone/detach/contiguous/cpu/cuda: keeps provenance */
+    OP_TO = 3,         /* .to(): keeps provenance when the dtype is unchanged */
+};
+
+typedef struct {
+    /* Types created at module init. */
+    PyTypeObject *node_type;
+    PyTypeObject *port_type;
+    PyTypeObject *carrier_type;
+    PyTypeObject *ref_type;
+    PyTypeObject *method_type;
+    PyTypeObject *program_type;
+
+    /* Objects the facade hands over once at import (leapp._bind). */
+    PyObject *traced_type;    /* leapp's TracedTensor class */
+    PyObject *tensor_type;    /* torch.Tensor */
+    PyObject *run_disabled;   /* torch._C._disabled_torch_function_impl */
+    PyObject *classify;       /* func -> kind (int) */
+    PyObject *rewrite;        /* (func, args, kwargs) -> (func, args, kwargs) */
+    PyObject *alias;          /* tensor -> new TracedTensor sharing storage */
+    PyObject *session_api;    /* facade object with the traced slow paths */
+    PyObject *annotate_error; /* payload error helper: (api, node, payload) */
+
+    /* Caches owned by the module. */
+    PyObject *op_kinds;       /* dict: func -> int kind */
+    PyObject *dtype_names;    /* dict: torch.dtype -> "float32" ... */
+
+    /* Interned strings. */
+    PyObject *str_carrier;    /* "_leapp_carrier" */
+    PyObject *str_class;      /* "__class__" */
+    PyObject *str_dtype;
+    PyObject *str_shape;
+    PyObject *str_clone;
+    PyObject *str_detach;
+
+    /* Session. */
+    int tracing;              /* between leapp.start() and leapp.stop() */
+    PyObject *nodes;          /* dict: name -> Node, creation order */
+    Py_ssize_t next_index;    /* completion order of the next finished node */
+} leapp_state;
+
+static inline leapp_state *
+leapp_get_state(PyObject *module)
+{
+    return (leapp_state *)PyModule_GetState(module);
+}
+
+/* ---- node.c ---------------------------------------------------------- */
+
+enum { NODE_OPEN = 0, NODE_DONE = 1 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;        /* str */
+    PyObject *inputs;      /* list[Port], declaration order */
+    PyObject *outputs;     /* list[Port], declaration order */
+    PyObject *trimmed;     /* list[Port] pruned from inputs */
+    PyObject *ops;         /* list of (func, args, kwargs, out) records */
+    PyObject *consts;      /* list[Tensor]: tensors from outside the node */
+    PyObject *const_ids;   /* dict: id(tensor) -> index into consts */
+    PyObject *info;        /* dict owned by the facade (backend, module...) */
+    Py_ssize_t nvalues;    /* value ids handed out so far */
+    Py_ssize_t index;      /* completion order; -1 while open */
+    int state;
+} NodeObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;        /* str */
+    PyObject *dtype;       /* str, e.g. "float32" */
+    PyObject *shape;       /* tuple of int */
+    PyObject *semantics;   /* dict of extra YAML fields, or None */
+    PyObject *value;       /* the first-trace value (a clone) */
+    PyObject *samples;     /* list of re-entry values */
+    PyObject *src_node;    /* producing Node, or None */
+    PyObject *src_port;    /* producing port name, or None */
+    Py_ssize_t vid;        /* value id inside the node; -1 for constants */
+    int is_state;          /* declared state (feedback in one pass) */
+} PortObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *node;        /* Node owning the value (strong) */
+    PyObject *port;        /* published output name, or NULL */
+    Py_ssize_t vid;        /* value id in node->ops */
+    int declared;          /* entered through a declaration (an input) */
+} CarrierObject;
+
+/* A reference inside a recorded op: to a value of the node or a constant. */
+enum { REF_VALUE = 0, REF_CONST = 1 };
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t index;
+    int kind;
+} RefObject;
+
+int node_init(PyObject *module, leapp_state *st);
+/* Borrowed carrier of a traced tensor, or NULL (no exception) if none. */
+CarrierObject *carrier_of(leapp_state *st, PyObject *obj);
+/* Attach a fresh carrier to obj (a tensor of type TracedTensor). */
+int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
+                   Py_ssize_t vid, PyObject *port, int declared);
+/* Make obj (an exact torch.Tensor) a TracedTensor in place. */
+int carrier_promote(leapp_state *st, PyObject *obj);
+PyObject *ref_new(leapp_state *st, int kind, Py_ssize_t index);
+/* Index of tensor t in node's constant table, adding it if new; -1 on error. */
+Py_ssize_t node_const_index(NodeObject *node, PyObject *t);
+PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
+
+/* ---- trace.c --------------------------------------------------------- */
+int trace_init(PyObject *module, leapp_state *st);
+
+/* ---- annotate.c ------------------------------------------------------ */
+int annotate_init(PyObject *module, leapp_state *st);
+
+/* ---- graph.c --------------------------------------------------------- */
+int graph_init(PyObject *module, leapp_state *st);
+
+/* ---- yaml_emit.c ----------------------------------------------------- */
+int yaml_emit_init(PyObject *module, leapp_state *st);
+
+/* ---- runtime.c ------------------------------------------------------- */
+int runtime_init(PyObject *module, leapp_state *st);
+
+#endif /* LEAPP_H */

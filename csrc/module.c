@@ -1,0 +1,173 @@
+/* module.c: module state, the facade's one-time configuration, and init. */
+#include "leapp.h"
+
+#define STATE_OBJECTS(X)                                                     \
+    X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
+    X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
+    X(classify) X(rewrite) X(alias) X(session_api) X(annotate_error)         \
+    X(op_kinds) X(dtype_names) X(str_carrier) X(str_class) X(str_dtype)      \
+    X(str_shape) X(str_clone) X(str_detach) X(nodes)
+
+static int
+module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    leapp_state *st = leapp_get_state(module);
+#define VISIT(name) Py_VISIT(st->name);
+    STATE_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+module_clear(PyObject *module)
+{
+    leapp_state *st = leapp_get_state(module);
+#define CLEAR(name) Py_CLEAR(st->name);
+    STATE_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+module_free(void *module)
+{
+    (void)module_clear((PyObject *)module);
+}
+
+/* _bind(traced_type, tensor_type, run_disabled, classify, rewrite, alias,
+ *       session_api, annotate_error): the facade hands over the torch objects
+ * once at import, so the extension never needs torch to build. */
+static PyObject *
+module_bind(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *traced, *tensor, *run, *classify, *rewrite, *alias, *api, *err;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO:_bind", &traced, &tensor, &run,
+                          &classify, &rewrite, &alias, &api, &err)) {
+        return NULL;
+    }
+    Py_XSETREF(st->traced_type, Py_NewRef(traced));
+    Py_XSETREF(st->tensor_type, Py_NewRef(tensor));
+    Py_XSETREF(st->run_disabled, Py_NewRef(run));
+    Py_XSETREF(st->classify, Py_NewRef(classify));
+    Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
+    Py_XSETREF(st->alias, Py_NewRef(alias));
+    Py_XSETREF(st->session_api, Py_NewRef(api));
+    Py_XSETREF(st->annotate_error, Py_NewRef(err));
+    PyDict_Clear(st->op_kinds);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+module_set_tracing(PyObject *module, PyObject *flag)
+{
+    leapp_state *st = leapp_get_state(module);
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) {
+        return NULL;
+    }
+    st->tracing = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+module_is_tracing(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(leapp_get_state(module)->tracing);
+}
+
+/* reset_nodes(): forget every node of the session (start() and tests). */
+static PyObject *
+module_reset_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *fresh = PyDict_New();
+    if (fresh == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(st->nodes, fresh);
+    st->next_index = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+module_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(leapp_get_state(module)->nodes);
+}
+
+/* next_index(): hand out the completion order of a node that finishes. */
+static PyObject *
+module_next_index(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    leapp_state *st = leapp_get_state(module);
+    return PyLong_FromSsize_t(st->next_index++);
+}
+
+static PyMethodDef module_methods[] = {
+    {"_bind", module_bind, METH_VARARGS, "Hand the torch objects to the core."},
+    {"set_tracing", module_set_tracing, METH_O, "Turn the session flag on or off."},
+    {"is_tracing", module_is_tracing, METH_NOARGS, "Whether a session is running."},
+    {"reset_nodes", module_reset_nodes, METH_NOARGS, "Forget every node."},
+    {"nodes", module_nodes, METH_NOARGS, "The dict of nodes, in creation order."},
+    {"next_index", module_next_index, METH_NOARGS, "Next completion index."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_exec(PyObject *module)
+{
+    leapp_state *st = leapp_get_state(module);
+    int rc = -1;
+    st->tracing = 0;
+    st->next_index = 0;
+    st->op_kinds = PyDict_New();
+    st->dtype_names = PyDict_New();
+    st->nodes = PyDict_New();
+    st->str_carrier = PyUnicode_InternFromString("_leapp_carrier");
+    st->str_class = PyUnicode_InternFromString("__class__");
+    st->str_dtype = PyUnicode_InternFromString("dtype");
+    st->str_shape = PyUnicode_InternFromString("shape");
+    st->str_clone = PyUnicode_InternFromString("clone");
+    st->str_detach = PyUnicode_InternFromString("detach");
+    if (st->op_kinds == NULL || st->dtype_names == NULL || st->nodes == NULL
+        || st->str_carrier == NULL || st->str_class == NULL
+        || st->str_dtype == NULL || st->str_shape == NULL
+        || st->str_clone == NULL || st->str_detach == NULL) {
+        goto done;
+    }
+    if (node_init(module, st) < 0 || trace_init(module, st) < 0
+        || annotate_init(module, st) < 0 || graph_init(module, st) < 0
+        || yaml_emit_init(module, st) < 0 || runtime_init(module, st) < 0) {
+        goto done;
+    }
+    rc = 0;
+done:
+    return rc;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "leapp._core",
+    .m_doc = "The C core of leapp: tracing, node contexts, graph, YAML, runtime.",
+    .m_size = sizeof(leapp_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_module);
+}

@@ -1,0 +1,817 @@
+/* node.c: node contexts, ports, carriers (provenance) and op-log references.
+ *
+ * A Node owns the op log of one traced stage.  Every traced tensor carries a
+ * Carrier in its __dict__ naming the node that owns its value, the value id
+ * inside that node and, once the node has finished, the output port it was
+ * published as.  Ops are recorded as (func, args, kwargs, out) where traced
+ * arguments are replaced by Ref(value) and outside tensors by Ref(const).
+ */
+#include "leapp.h"
+
+/* ---- Ref --------------------------------------------------------------- */
+
+static PyObject *
+ref_repr(RefObject *self)
+{
+    return PyUnicode_FromFormat("%s(%zd)", self->kind == REF_VALUE ? "Value" : "Const",
+                                self->index);
+}
+
+static PyObject *
+ref_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (Py_TYPE(a) != Py_TYPE(b) || (op != Py_EQ && op != Py_NE)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    RefObject *x = (RefObject *)a, *y = (RefObject *)b;
+    int eq = x->kind == y->kind && x->index == y->index;
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static Py_hash_t
+ref_hash(RefObject *self)
+{
+    Py_hash_t h = (Py_hash_t)(self->index * 2 + self->kind);
+    return h == -1 ? -2 : h;
+}
+
+static void
+ref_dealloc(RefObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef ref_members[] = {
+    {"index", T_PYSSIZET, offsetof(RefObject, index), READONLY, "Value id or constant index."},
+    {"kind", T_INT, offsetof(RefObject, kind), READONLY, "0: value, 1: constant."},
+    {NULL},
+};
+
+static PyType_Slot ref_slots[] = {
+    {Py_tp_dealloc, ref_dealloc},
+    {Py_tp_repr, ref_repr},
+    {Py_tp_richcompare, ref_richcompare},
+    {Py_tp_hash, ref_hash},
+    {Py_tp_members, ref_members},
+    {Py_tp_doc, "A reference inside a recorded op: a node value or a constant."},
+    {0, NULL},
+};
+
+static PyType_Spec ref_spec = {
+    .name = "leapp._core.Ref",
+    .basicsize = sizeof(RefObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = ref_slots,
+};
+
+PyObject *
+ref_new(leapp_state *st, int kind, Py_ssize_t index)
+{
+    RefObject *ref = PyObject_New(RefObject, st->ref_type);
+    if (ref == NULL) {
+        return NULL;
+    }
+    Py_INCREF(st->ref_type); /* instances of heap types own their type */
+    ref->kind = kind;
+    ref->index = index;
+    return (PyObject *)ref;
+}
+
+/* ---- Carrier ----------------------------------------------------------- */
+
+static int
+carrier_traverse(CarrierObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->node);
+    return 0;
+}
+
+static int
+carrier_clear(CarrierObject *self)
+{
+    Py_CLEAR(self->node);
+    Py_CLEAR(self->port);
+    return 0;
+}
+
+static void
+carrier_dealloc(CarrierObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    (void)carrier_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+carrier_get_port(CarrierObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->port ? self->port : Py_None);
+}
+
+static int
+carrier_set_port(CarrierObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value != NULL && value != Py_None && !PyUnicode_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "port must be a str or None");
+        return -1;
+    }
+    Py_XSETREF(self->port, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
+carrier_get_active(CarrierObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(((NodeObject *)self->node)->state == NODE_OPEN);
+}
+
+static PyGetSetDef carrier_getset[] = {
+    {"port", (getter)carrier_get_port, (setter)carrier_set_port, "Published output name.", NULL},
+    {"active", (getter)carrier_get_active, NULL, "Whether the owning node is still tracing.", NULL},
+    {NULL},
+};
+
+static PyMemberDef carrier_members[] = {
+    {"node", T_OBJECT, offsetof(CarrierObject, node), READONLY, "Owning node."},
+    {"vid", T_PYSSIZET, offsetof(CarrierObject, vid), 0, "Value id inside the node."},
+    {"declared", T_INT, offsetof(CarrierObject, declared), 0, "Entered as a node input."},
+    {NULL},
+};
+
+static PyType_Slot carrier_slots[] = {
+    {Py_tp_dealloc, carrier_dealloc},
+    {Py_tp_traverse, carrier_traverse},
+    {Py_tp_clear, carrier_clear},
+    {Py_tp_members, carrier_members},
+    {Py_tp_getset, carrier_getset},
+    {Py_tp_doc, "Provenance of a traced tensor: owning node, value id, port."},
+    {0, NULL},
+};
+
+static PyType_Spec carrier_spec = {
+    .name = "leapp._core.Carrier",
+    .basicsize = sizeof(CarrierObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE
+             | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = carrier_slots,
+};
+
+CarrierObject *
+carrier_of(leapp_state *st, PyObject *obj)
+{
+    PyObject **dictptr;
+    PyObject *found;
+    if (st->traced_type == NULL || Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
+        return NULL;
+    }
+    dictptr = _PyObject_GetDictPtr(obj);
+    if (dictptr == NULL || *dictptr == NULL) {
+        return NULL;
+    }
+    found = PyDict_GetItemWithError(*dictptr, st->str_carrier); /* borrowed */
+    if (found == NULL || Py_TYPE(found) != st->carrier_type) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return (CarrierObject *)found;
+}
+
+int
+carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
+               PyObject *port, int declared)
+{
+    int rc;
+    CarrierObject *c = PyObject_GC_New(CarrierObject, st->carrier_type);
+    if (c == NULL) {
+        return -1;
+    }
+    Py_INCREF(st->carrier_type);
+    c->node = Py_NewRef(node);
+    c->port = Py_XNewRef(port);
+    c->vid = vid;
+    c->declared = declared;
+    PyObject_GC_Track(c);
+    rc = PyObject_SetAttr(obj, st->str_carrier, (PyObject *)c);
+    Py_DECREF(c);
+    return rc;
+}
+
+int
+carrier_promote(leapp_state *st, PyObject *obj)
+{
+    if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type) {
+        return 0;
+    }
+    return PyObject_SetAttr(obj, st->str_class, st->traced_type);
+}
+
+/* carrier_of(obj) -> Carrier | None */
+static PyObject *
+py_carrier_of(PyObject *module, PyObject *obj)
+{
+    CarrierObject *c = carrier_of(leapp_get_state(module), obj);
+    return Py_NewRef(c ? (PyObject *)c : Py_None);
+}
+
+/* set_carrier(obj, node, vid, port=None, declared=False): make obj traced. */
+static PyObject *
+py_set_carrier(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *obj, *node, *port = Py_None;
+    Py_ssize_t vid;
+    int declared = 0;
+    if (!PyArg_ParseTuple(args, "OO!n|Op:set_carrier", &obj, st->node_type, &node, &vid,
+                          &port, &declared)) {
+        return NULL;
+    }
+    if (carrier_promote(st, obj) < 0
+        || carrier_attach(st, obj, node, vid, port == Py_None ? NULL : port, declared) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* drop_carrier(obj): forget obj's provenance and make it a plain tensor. */
+static PyObject *
+py_drop_carrier(PyObject *module, PyObject *obj)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject **dictptr;
+    if (Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
+        Py_RETURN_NONE;
+    }
+    dictptr = _PyObject_GetDictPtr(obj);
+    if (dictptr != NULL && *dictptr != NULL && PyDict_Contains(*dictptr, st->str_carrier) == 1
+        && PyDict_DelItem(*dictptr, st->str_carrier) < 0) {
+        return NULL;
+    }
+    if (PyObject_SetAttr(obj, st->str_class, st->tensor_type) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- dtype names --------------------------------------------------------- */
+
+PyObject *
+leapp_dtype_name(leapp_state *st, PyObject *tensor)
+{
+    PyObject *dtype = NULL, *name = NULL, *text = NULL;
+    dtype = PyObject_GetAttr(tensor, st->str_dtype);
+    if (dtype == NULL) {
+        goto done;
+    }
+    name = PyDict_GetItemWithError(st->dtype_names, dtype); /* borrowed */
+    if (name != NULL) {
+        Py_INCREF(name);
+        goto done;
+    }
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    text = PyObject_Str(dtype); /* "torch.float32" */
+    if (text == NULL) {
+        goto done;
+    }
+    if (PyUnicode_GET_LENGTH(text) > 6) {
+        name = PyUnicode_Substring(text, 6, PyUnicode_GET_LENGTH(text));
+    }
+    else {
+        name = Py_NewRef(text);
+    }
+    if (name != NULL && PyDict_SetItem(st->dtype_names, dtype, name) < 0) {
+        Py_CLEAR(name);
+    }
+done:
+    Py_XDECREF(text);
+    Py_XDECREF(dtype);
+    return name;
+}
+
+static PyObject *
+py_dtype_name(PyObject *module, PyObject *tensor)
+{
+    return leapp_dtype_name(leapp_get_state(module), tensor);
+}
+
+/* ---- Port -------------------------------------------------------------- */
+
+static int
+port_traverse(PortObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->name);
+    Py_VISIT(self->dtype);
+    Py_VISIT(self->shape);
+    Py_VISIT(self->semantics);
+    Py_VISIT(self->value);
+    Py_VISIT(self->samples);
+    Py_VISIT(self->src_node);
+    Py_VISIT(self->src_port);
+    return 0;
+}
+
+static int
+port_clear(PortObject *self)
+{
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->shape);
+    Py_CLEAR(self->semantics);
+    Py_CLEAR(self->value);
+    Py_CLEAR(self->samples);
+    Py_CLEAR(self->src_node);
+    Py_CLEAR(self->src_port);
+    return 0;
+}
+
+static void
+port_dealloc(PortObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    (void)port_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Port(name, dtype, shape, vid=-1, value=None, semantics=None) */
+static PyObject *
+port_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "dtype", "shape", "vid", "value", "semantics", NULL};
+    PyObject *name, *dtype, *shape, *value = Py_None, *semantics = Py_None;
+    Py_ssize_t vid = -1;
+    PortObject *self = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UUO!|nOO:Port", kwlist, &name, &dtype,
+                                     &PyTuple_Type, &shape, &vid, &value, &semantics)) {
+        return NULL;
+    }
+    self = (PortObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->samples = PyList_New(0);
+    if (self->samples == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->name = Py_NewRef(name);
+    self->dtype = Py_NewRef(dtype);
+    self->shape = Py_NewRef(shape);
+    self->value = Py_NewRef(value);
+    self->semantics = Py_NewRef(semantics);
+    self->src_node = Py_NewRef(Py_None);
+    self->src_port = Py_NewRef(Py_None);
+    self->vid = vid;
+    return (PyObject *)self;
+}
+
+static PyObject *
+port_repr(PortObject *self)
+{
+    return PyUnicode_FromFormat("Port(%R, %U, %R)", self->name, self->dtype, self->shape);
+}
+
+/* describe() -> dict with name, dtype, shape, type and semantic fields:
+ * the tensor entry of the YAML, in its key order. */
+static PyObject *
+port_describe(PortObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *d = PyDict_New(), *shape = NULL;
+    if (d == NULL) {
+        goto error;
+    }
+    shape = PySequence_List(self->shape);
+    if (shape == NULL || PyDict_SetItemString(d, "name", self->name) < 0
+        || PyDict_SetItemString(d, "dtype", self->dtype) < 0
+        || PyDict_SetItemString(d, "shape", shape) < 0) {
+        goto error;
+    }
+    {
+        PyObject *tensor = PyUnicode_FromString("tensor");
+        int rc = tensor ? PyDict_SetItemString(d, "type", tensor) : -1;
+        Py_XDECREF(tensor);
+        if (rc < 0) {
+            goto error;
+        }
+    }
+    if (self->semantics != Py_None && PyDict_Check(self->semantics)
+        && PyDict_Update(d, self->semantics) < 0) {
+        goto error;
+    }
+    Py_DECREF(shape);
+    return d;
+error:
+    Py_XDECREF(shape);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+static PyMethodDef port_methods[] = {
+    {"describe", (PyCFunction)port_describe, METH_NOARGS, "The YAML tensor entry."},
+    {NULL},
+};
+
+static PyMemberDef port_members[] = {
+    {"name", T_OBJECT, offsetof(PortObject, name), 0, "Port name."},
+    {"dtype", T_OBJECT, offsetof(PortObject, dtype), 0, "dtype name, e.g. float32."},
+    {"shape", T_OBJECT, offsetof(PortObject, shape), 0, "Shape as a tuple of ints."},
+    {"semantics", T_OBJECT, offsetof(PortObject, semantics), 0, "Semantic YAML fields or None."},
+    {"value", T_OBJECT, offsetof(PortObject, value), 0, "First-trace value."},
+    {"samples", T_OBJECT, offsetof(PortObject, samples), 0, "Re-entry values."},
+    {"src_node", T_OBJECT, offsetof(PortObject, src_node), 0, "Producing node or None."},
+    {"src_port", T_OBJECT, offsetof(PortObject, src_port), 0, "Producing port or None."},
+    {"vid", T_PYSSIZET, offsetof(PortObject, vid), 0, "Value id inside the node."},
+    {"is_state", T_INT, offsetof(PortObject, is_state), 0, "Declared state port."},
+    {NULL},
+};
+
+static PyType_Slot port_slots[] = {
+    {Py_tp_new, port_new},
+    {Py_tp_dealloc, port_dealloc},
+    {Py_tp_traverse, port_traverse},
+    {Py_tp_clear, port_clear},
+    {Py_tp_repr, port_repr},
+    {Py_tp_members, port_members},
+    {Py_tp_methods, port_methods},
+    {Py_tp_doc, "One input or output of a node: name, dtype, shape, semantics, source."},
+    {0, NULL},
+};
+
+static PyType_Spec port_spec = {
+    .name = "leapp._core.Port",
+    .basicsize = sizeof(PortObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = port_slots,
+};
+
+/* ---- Node -------------------------------------------------------------- */
+
+static int
+node_traverse(NodeObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->name);
+    Py_VISIT(self->inputs);
+    Py_VISIT(self->outputs);
+    Py_VISIT(self->trimmed);
+    Py_VISIT(self->ops);
+    Py_VISIT(self->consts);
+    Py_VISIT(self->const_ids);
+    Py_VISIT(self->info);
+    return 0;
+}
+
+static int
+node_clear(NodeObject *self)
+{
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->inputs);
+    Py_CLEAR(self->outputs);
+    Py_CLEAR(self->trimmed);
+    Py_CLEAR(self->ops);
+    Py_CLEAR(self->consts);
+    Py_CLEAR(self->const_ids);
+    Py_CLEAR(self->info);
+    return 0;
+}
+
+static void
+node_dealloc(NodeObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    (void)node_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+node_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", NULL};
+    PyObject *name;
+    NodeObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U:Node", kwlist, &name)) {
+        return NULL;
+    }
+    self = (NodeObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->name = Py_NewRef(name);
+    self->inputs = PyList_New(0);
+    self->outputs = PyList_New(0);
+    self->trimmed = PyList_New(0);
+    self->ops = PyList_New(0);
+    self->consts = PyList_New(0);
+    self->const_ids = PyDict_New();
+    self->info = PyDict_New();
+    self->index = -1;
+    self->state = NODE_OPEN;
+    if (self->inputs == NULL || self->outputs == NULL || self->trimmed == NULL
+        || self->ops == NULL || self->consts == NULL || self->const_ids == NULL
+        || self->info == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+node_repr(NodeObject *self)
+{
+    return PyUnicode_FromFormat("<Node %R: %zd ops, %s>", self->name, PyList_GET_SIZE(self->ops),
+                                self->state == NODE_OPEN ? "tracing" : "finished");
+}
+
+Py_ssize_t
+node_const_index(NodeObject *node, PyObject *t)
+{
+    Py_ssize_t index = -1;
+    PyObject *key = PyLong_FromVoidPtr(t), *found;
+    if (key == NULL) {
+        return -1;
+    }
+    found = PyDict_GetItemWithError(node->const_ids, key); /* borrowed */
+    if (found != NULL) {
+        index = PyLong_AsSsize_t(found);
+        goto done;
+    }
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    /* The list keeps t alive, so its id cannot be reused while recorded. */
+    index = PyList_GET_SIZE(node->consts);
+    {
+        PyObject *pos = PyLong_FromSsize_t(index);
+        if (pos == NULL || PyList_Append(node->consts, t) < 0
+            || PyDict_SetItem(node->const_ids, key, pos) < 0) {
+            index = -1;
+        }
+        Py_XDECREF(pos);
+    }
+done:
+    Py_DECREF(key);
+    return index;
+}
+
+/* new_value() -> int: hand out a fresh value id. */
+static PyObject *
+node_new_value(NodeObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(self->nvalues++);
+}
+
+/* bind_const(tensor) -> int: a value id defined as a constant of the node. */
+static PyObject *
+node_bind_const(NodeObject *self, PyObject *tensor)
+{
+    leapp_state *st = PyType_GetModuleState(Py_TYPE(self));
+    PyObject *ref = NULL, *args = NULL, *record = NULL, *vid = NULL;
+    Py_ssize_t k = node_const_index(self, tensor);
+    if (k < 0 || st == NULL) {
+        goto done;
+    }
+    ref = ref_new(st, REF_CONST, k);
+    if (ref == NULL) {
+        goto done;
+    }
+    args = PyTuple_Pack(1, ref);
+    vid = PyLong_FromSsize_t(self->nvalues++);
+    if (args == NULL || vid == NULL) {
+        Py_CLEAR(vid);
+        goto done;
+    }
+    record = PyTuple_Pack(4, Py_None, args, Py_None, vid);
+    if (record == NULL || PyList_Append(self->ops, record) < 0) {
+        Py_CLEAR(vid);
+    }
+done:
+    Py_XDECREF(record);
+    Py_XDECREF(args);
+    Py_XDECREF(ref);
+    return vid;
+}
+
+/* Mark every value Ref inside obj as live. */
+static int
+mark_refs(leapp_state *st, PyObject *obj, char *live, Py_ssize_t n)
+{
+    if (Py_TYPE(obj) == st->ref_type) {
+        RefObject *r = (RefObject *)obj;
+        if (r->kind == REF_VALUE && r->index >= 0 && r->index < n) {
+            live[r->index] = 1;
+        }
+        return 0;
+    }
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t i, size = PySequence_Fast_GET_SIZE(obj);
+        for (i = 0; i < size; i++) {
+            if (mark_refs(st, PySequence_Fast_GET_ITEM(obj, i), live, n) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (PyDict_Check(obj)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(obj, &pos, &key, &value)) {
+            if (mark_refs(st, value, live, n) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (PySlice_Check(obj)) {
+        PySliceObject *s = (PySliceObject *)obj;
+        if (mark_refs(st, s->start, live, n) < 0 || mark_refs(st, s->stop, live, n) < 0
+            || mark_refs(st, s->step, live, n) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+out_is_live(PyObject *out, const char *live, Py_ssize_t n)
+{
+    if (PyLong_Check(out)) {
+        Py_ssize_t v = PyLong_AsSsize_t(out);
+        return v >= 0 && v < n && live[v];
+    }
+    if (PyTuple_Check(out)) {
+        Py_ssize_t i;
+        for (i = 0; i < PyTuple_GET_SIZE(out); i++) {
+            if (out_is_live(PyTuple_GET_ITEM(out, i), live, n)) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* prune(output_vids) -> (live_ops: list[int], live_values: bytes)
+ * Reachability from the outputs, walking the op log backwards once. */
+static PyObject *
+node_prune(NodeObject *self, PyObject *vids)
+{
+    leapp_state *st = PyType_GetModuleState(Py_TYPE(self));
+    PyObject *seq = NULL, *live_ops = NULL, *flags = NULL, *result = NULL;
+    Py_ssize_t n = self->nvalues, i;
+    char *live = NULL;
+    if (st == NULL) {
+        goto done;
+    }
+    seq = PySequence_Fast(vids, "prune() expects a sequence of value ids");
+    live = PyMem_Calloc(n > 0 ? (size_t)n : 1, 1);
+    live_ops = PyList_New(0);
+    if (seq == NULL || live == NULL || live_ops == NULL) {
+        if (live == NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    for (i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (v >= 0 && v < n) {
+            live[v] = 1;
+        }
+    }
+    for (i = PyList_GET_SIZE(self->ops) - 1; i >= 0; i--) {
+        PyObject *rec = PyList_GET_ITEM(self->ops, i); /* borrowed */
+        if (!out_is_live(PyTuple_GET_ITEM(rec, 3), live, n)) {
+            continue;
+        }
+        if (mark_refs(st, PyTuple_GET_ITEM(rec, 1), live, n) < 0
+            || mark_refs(st, PyTuple_GET_ITEM(rec, 2), live, n) < 0) {
+            goto done;
+        }
+        PyObject *pos = PyLong_FromSsize_t(i);
+        if (pos == NULL || PyList_Append(live_ops, pos) < 0) {
+            Py_XDECREF(pos);
+            goto done;
+        }
+        Py_DECREF(pos);
+    }
+    if (PyList_Reverse(live_ops) < 0) {
+        goto done;
+    }
+    flags = PyBytes_FromStringAndSize(live, n);
+    if (flags == NULL) {
+        goto done;
+    }
+    result = PyTuple_Pack(2, live_ops, flags);
+done:
+    PyMem_Free(live);
+    Py_XDECREF(flags);
+    Py_XDECREF(live_ops);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* finish(index): close the node; its carriers become inactive. */
+static PyObject *
+node_finish(NodeObject *self, PyObject *index)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(index);
+    if (i == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    self->index = i;
+    self->state = NODE_DONE;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+node_get_tracing(NodeObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->state == NODE_OPEN);
+}
+
+static PyMethodDef node_methods[] = {
+    {"new_value", (PyCFunction)node_new_value, METH_NOARGS, "A fresh value id."},
+    {"bind_const", (PyCFunction)node_bind_const, METH_O, "Value id bound to a constant."},
+    {"prune", (PyCFunction)node_prune, METH_O, "Reachability from output value ids."},
+    {"finish", (PyCFunction)node_finish, METH_O, "Close the node with its index."},
+    {NULL},
+};
+
+static PyGetSetDef node_getset[] = {
+    {"is_tracing", (getter)node_get_tracing, NULL, "True until the first pass finishes.", NULL},
+    {NULL},
+};
+
+static PyMemberDef node_members[] = {
+    {"name", T_OBJECT, offsetof(NodeObject, name), READONLY, "Node name."},
+    {"inputs", T_OBJECT, offsetof(NodeObject, inputs), READONLY, "Input ports."},
+    {"outputs", T_OBJECT, offsetof(NodeObject, outputs), READONLY, "Output ports."},
+    {"trimmed_inputs", T_OBJECT, offsetof(NodeObject, trimmed), READONLY, "Pruned inputs."},
+    {"ops", T_OBJECT, offsetof(NodeObject, ops), READONLY, "The op log."},
+    {"consts", T_OBJECT, offsetof(NodeObject, consts), READONLY, "Constant table."},
+    {"info", T_OBJECT, offsetof(NodeObject, info), READONLY, "Facade data."},
+    {"nvalues", T_PYSSIZET, offsetof(NodeObject, nvalues), READONLY, "Value ids used."},
+    {"node_index", T_PYSSIZET, offsetof(NodeObject, index), READONLY, "Completion order."},
+    {NULL},
+};
+
+static PyType_Slot node_slots[] = {
+    {Py_tp_new, node_new},
+    {Py_tp_dealloc, node_dealloc},
+    {Py_tp_traverse, node_traverse},
+    {Py_tp_clear, node_clear},
+    {Py_tp_repr, node_repr},
+    {Py_tp_methods, node_methods},
+    {Py_tp_members, node_members},
+    {Py_tp_getset, node_getset},
+    {Py_tp_doc, "A traced node: ports, op log, constants and completion order."},
+    {0, NULL},
+};
+
+static PyType_Spec node_spec = {
+    .name = "leapp._core.Node",
+    .basicsize = sizeof(NodeObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = node_slots,
+};
+
+static PyMethodDef node_functions[] = {
+    {"carrier_of", py_carrier_of, METH_O, "The Carrier of a traced tensor, or None."},
+    {"set_carrier", py_set_carrier, METH_VARARGS, "Make a tensor traced with a carrier."},
+    {"drop_carrier", py_drop_carrier, METH_O, "Make a traced tensor plain again."},
+    {"dtype_name", py_dtype_name, METH_O, "The YAML dtype name of a tensor."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+    if (*slot == NULL) {
+        return -1;
+    }
+    return PyModule_AddType(module, *slot);
+}
+
+int
+node_init(PyObject *module, leapp_state *st)
+{
+    if (add_type(module, &ref_spec, &st->ref_type) < 0
+        || add_type(module, &carrier_spec, &st->carrier_type) < 0
+        || add_type(module, &port_spec, &st->port_type) < 0
+        || add_type(module, &node_spec, &st->node_type) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(module, node_functions);
+}

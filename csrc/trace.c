@@ -1,0 +1,391 @@
+/* trace.c: the per-op __torch_function__ handler of TracedTensor.
+ *
+ * One walk over args and kwargs replaces every traced argument of the
+ * tracing node by Ref(value id) and finds the node; the op then runs eagerly
+ * on the real tensors (torch function dispatch disabled for subclasses), is
+ * appended to the node's op log, and its tensor results are made traced
+ * values of the node.  Ops on values of finished nodes run eagerly and give
+ * plain tensors, except the equivalent copies that keep the published port.
+ */
+#include "leapp.h"
+
+typedef struct {
+    leapp_state *st;
+    PyObject *func;           /* borrowed */
+    NodeObject *active;       /* borrowed: the tracing node, if any */
+    CarrierObject *first;     /* borrowed: carrier of the first traced leaf */
+} walk;
+
+static int
+raise_mixed(walk *w, NodeObject *other)
+{
+    PyObject *fname = PyObject_GetAttrString(w->func, "__name__");
+    if (fname == NULL) {
+        PyErr_Clear();
+        fname = PyObject_Repr(w->func);
+        if (fname == NULL) {
+            return -1;
+        }
+    }
+    PyErr_Format(PyExc_RuntimeError,
+                 "Error: detected multiple TracedTensor contexts: '%U' and '%U' inside of "
+                 "a traced function ('%U'). Cannot mix multiple active TracedTensors from "
+                 "different contexts. Finish node '%U' with annotate.output_tensors() and "
+                 "declare its result with annotate.input_tensors('%U', ...) before using it "
+                 "there.",
+                 w->active->name, other->name, fname, other->name, w->active->name);
+    Py_DECREF(fname);
+    return -1;
+}
+
+/* The template of obj: obj with every value of the tracing node replaced by
+ * a Ref; containers are rebuilt, everything else is kept as is (tensors from
+ * outside the node become constants when the node is turned into a graph). */
+static PyObject *
+template_of(walk *w, PyObject *obj)
+{
+    leapp_state *st = w->st;
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp == (PyTypeObject *)st->traced_type) {
+        CarrierObject *c = carrier_of(st, obj); /* borrowed */
+        if (c == NULL) {
+            return Py_NewRef(obj);
+        }
+        if (w->first == NULL) {
+            w->first = c;
+        }
+        if (((NodeObject *)c->node)->state != NODE_OPEN) {
+            return Py_NewRef(obj);
+        }
+        if (w->active == NULL) {
+            w->active = (NodeObject *)c->node;
+        }
+        else if (w->active != (NodeObject *)c->node) {
+            raise_mixed(w, (NodeObject *)c->node);
+            return NULL;
+        }
+        return ref_new(st, REF_VALUE, c->vid);
+    }
+    if (tp == &PyTuple_Type || tp == &PyList_Type) {
+        Py_ssize_t i, n = PySequence_Fast_GET_SIZE(obj);
+        PyObject *out = tp == &PyTuple_Type ? PyTuple_New(n) : PyList_New(n);
+        if (out == NULL) {
+            return NULL;
+        }
+        for (i = 0; i < n; i++) {
+            PyObject *item = template_of(w, PySequence_Fast_GET_ITEM(obj, i));
+            if (item == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (tp == &PyTuple_Type) {
+                PyTuple_SET_ITEM(out, i, item); /* steals item */
+            }
+            else {
+                PyList_SET_ITEM(out, i, item); /* steals item */
+            }
+        }
+        return out;
+    }
+    if (tp == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value, *out = PyDict_New();
+        if (out == NULL) {
+            return NULL;
+        }
+        while (PyDict_Next(obj, &pos, &key, &value)) {
+            PyObject *item = template_of(w, value);
+            if (item == NULL || PyDict_SetItem(out, key, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+        return out;
+    }
+    return Py_NewRef(obj);
+}
+
+static int
+op_kind(leapp_state *st, PyObject *func)
+{
+    PyObject *found = PyDict_GetItemWithError(st->op_kinds, func); /* borrowed */
+    PyObject *kind;
+    long k;
+    if (found != NULL) {
+        return (int)PyLong_AsLong(found);
+    }
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    kind = PyObject_CallOneArg(st->classify, func);
+    if (kind == NULL) {
+        return -1;
+    }
+    k = PyLong_AsLong(kind);
+    if ((k == -1 && PyErr_Occurred()) || PyDict_SetItem(st->op_kinds, func, kind) < 0) {
+        Py_DECREF(kind);
+        return -1;
+    }
+    Py_DECREF(kind);
+    return (int)k;
+}
+
+static int
+is_tensor(leapp_state *st, PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    return tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->traced_type
+           || PyType_IsSubtype(tp, (PyTypeObject *)st->tensor_type);
+}
+
+/* Make the tensor result r the value vid of node. */
+static int
+bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
+{
+    CarrierObject *c = carrier_of(st, r); /* borrowed */
+    if (c != NULL && c->node == (PyObject *)node) {
+        c->vid = vid; /* an op that returned (or mutated) its receiver */
+        return 0;
+    }
+    if (carrier_promote(st, r) < 0) {
+        return -1;
+    }
+    return carrier_attach(st, r, (PyObject *)node, vid, NULL, 0);
+}
+
+/* The out field of the record for result r, binding its tensors; Py_None
+ * when r holds no tensor (sizes, item(), bools are plain Python values). */
+static PyObject *
+bind_results(leapp_state *st, NodeObject *node, PyObject *r)
+{
+    if (is_tensor(st, r)) {
+        Py_ssize_t vid = node->nvalues++;
+        if (bind_result(st, node, r, vid) < 0) {
+            return NULL;
+        }
+        return PyLong_FromSsize_t(vid);
+    }
+    if (PyTuple_Check(r) || PyList_Check(r)) {
+        Py_ssize_t i, n = PySequence_Fast_GET_SIZE(r);
+        int any = 0;
+        PyObject *out = PyTuple_New(n);
+        if (out == NULL) {
+            return NULL;
+        }
+        for (i = 0; i < n; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(r, i); /* borrowed */
+            PyObject *slot;
+            if (is_tensor(st, item)) {
+                Py_ssize_t vid = node->nvalues++;
+                if (bind_result(st, node, item, vid) < 0) {
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                slot = PyLong_FromSsize_t(vid);
+                any = 1;
+            }
+            else {
+                slot = Py_NewRef(Py_None);
+            }
+            if (slot == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(out, i, slot); /* steals slot */
+        }
+        if (!any) {
+            Py_DECREF(out);
+            return Py_NewRef(Py_None);
+        }
+        return out;
+    }
+    return Py_NewRef(Py_None);
+}
+
+static PyObject *
+run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyObject *kwargs)
+{
+    PyObject *call[4] = {func, types, args, kwargs};
+    return PyObject_Vectorcall(st->run_disabled, call, 4, NULL);
+}
+
+/* Record an op of the tracing node and bind its results. */
+static PyObject *
+trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+             PyObject *args, PyObject *kwargs, PyObject *targs, PyObject *tkwargs)
+{
+    NodeObject *node = w->active;
+    PyObject *rewritten = NULL, *result = NULL, *out = NULL, *record = NULL;
+    PyObject *rfunc = func;                   /* borrowed */
+    PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
+    Py_INCREF(targs);
+    Py_XINCREF(tkwargs);
+    if (kind == OP_INPLACE) {
+        /* Rewritten before the op runs: the functional form may need a
+         * snapshot of a plain receiver's value. */
+        PyObject *call[3] = {func, args, kwargs};
+        rewritten = PyObject_Vectorcall(st->rewrite, call, 3, NULL);
+        if (rewritten == NULL) {
+            goto error;
+        }
+        if (!PyTuple_Check(rewritten) || PyTuple_GET_SIZE(rewritten) != 3) {
+            PyErr_SetString(PyExc_TypeError, "rewrite() must return (func, args, kwargs)");
+            goto error;
+        }
+        rfunc = PyTuple_GET_ITEM(rewritten, 0);
+        Py_SETREF(targs, template_of(w, PyTuple_GET_ITEM(rewritten, 1)));
+        Py_XSETREF(tkwargs, template_of(w, PyTuple_GET_ITEM(rewritten, 2)));
+        if (targs == NULL || tkwargs == NULL) {
+            goto error;
+        }
+    }
+    result = run_eager(st, func, types, args, kwargs);
+    if (result == NULL) {
+        goto error;
+    }
+    if (kind == OP_INPLACE && receiver != NULL && is_tensor(st, receiver)) {
+        Py_ssize_t vid = node->nvalues++;
+        if (bind_result(st, node, receiver, vid) < 0) {
+            goto error;
+        }
+        out = PyLong_FromSsize_t(vid);
+    }
+    else {
+        out = bind_results(st, node, result);
+    }
+    if (out == NULL) {
+        goto error;
+    }
+    if (out != Py_None) {
+        PyObject *kw = (tkwargs == NULL || (PyDict_Check(tkwargs) && PyDict_GET_SIZE(tkwargs) == 0))
+                           ? Py_None : tkwargs;
+        record = PyTuple_Pack(4, rfunc, targs, kw, out);
+        if (record == NULL || PyList_Append(node->ops, record) < 0) {
+            goto error;
+        }
+    }
+    goto done;
+error:
+    Py_CLEAR(result);
+done:
+    Py_XDECREF(record);
+    Py_XDECREF(out);
+    Py_XDECREF(rewritten);
+    Py_XDECREF(targs);
+    Py_XDECREF(tkwargs);
+    return result;
+}
+
+/* Ops on values of finished nodes: eager, keeping the port through copies. */
+static PyObject *
+trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+               PyObject *args, PyObject *kwargs)
+{
+    PyObject *result = run_eager(st, func, types, args, kwargs);
+    PyObject *src = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL; /* borrowed */
+    CarrierObject *c = src ? carrier_of(st, src) : NULL;                         /* borrowed */
+    if (result == NULL || c == NULL || c != w->first) {
+        return result;
+    }
+    if (kind == OP_INPLACE && c->port != NULL) {
+        Py_CLEAR(c->port); /* a published value changed in place is a new value */
+        return result;
+    }
+    if ((kind == OP_COPY || kind == OP_TO) && c->port != NULL && result != src
+        && Py_TYPE(result) == (PyTypeObject *)st->tensor_type) {
+        if (kind == OP_TO) {
+            PyObject *a = PyObject_GetAttr(src, st->str_dtype);
+            PyObject *b = a ? PyObject_GetAttr(result, st->str_dtype) : NULL;
+            int same = a != NULL && a == b;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            if (PyErr_Occurred()) {
+                Py_DECREF(result);
+                return NULL;
+            }
+            if (!same) {
+                return result;
+            }
+        }
+        if (carrier_promote(st, result) < 0
+            || carrier_attach(st, result, c->node, c->vid, c->port, c->declared) < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+    }
+    return result;
+}
+
+/* torch_function(cls, func, types, args=(), kwargs=None): bound as the
+ * classmethod TracedTensor.__torch_function__ by the facade. */
+static PyObject *
+torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
+    walk w = {st, NULL, NULL, NULL};
+    int kind;
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
+        return NULL;
+    }
+    func = argv[1];
+    types = argv[2];
+    args = nargs > 3 ? argv[3] : NULL;
+    kwargs = nargs > 4 ? argv[4] : Py_None;
+    if (args == NULL || !PyTuple_Check(args)) {
+        PyErr_SetString(PyExc_TypeError, "__torch_function__: args must be a tuple");
+        return NULL;
+    }
+    if (kwargs != Py_None && !PyDict_Check(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "__torch_function__: kwargs must be a dict or None");
+        return NULL;
+    }
+    if (st->run_disabled == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "leapp._core is not bound to torch yet");
+        return NULL;
+    }
+    w.func = func;
+    if (!st->tracing) {
+        return run_eager(st, func, types, args, kwargs);
+    }
+    targs = template_of(&w, args);
+    if (targs == NULL) {
+        goto done;
+    }
+    if (kwargs != Py_None) {
+        tkwargs = template_of(&w, kwargs);
+        if (tkwargs == NULL) {
+            goto done;
+        }
+    }
+    kind = op_kind(st, func);
+    if (kind < 0) {
+        goto done;
+    }
+    if (w.active != NULL) {
+        result = trace_active(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
+    }
+    else {
+        result = trace_inactive(st, &w, kind, func, types, args, kwargs);
+    }
+done:
+    Py_XDECREF(targs);
+    Py_XDECREF(tkwargs);
+    return result;
+}
+
+static PyMethodDef trace_functions[] = {
+    {"torch_function", (PyCFunction)(void (*)(void))torch_function, METH_FASTCALL,
+     "The __torch_function__ of TracedTensor: run eagerly, record, tag results."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+trace_init(PyObject *module, leapp_state *st)
+{
+    (void)st;
+    return PyModule_AddFunctions(module, trace_functions);
+}
