@@ -55,6 +55,7 @@ typedef struct {
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */
     PyObject *dtype_names;    /* dict: torch.dtype -> "float32" ... */
+    PyObject *empty_kwargs;   /* {}: torch's runner reads None as a kwargs object */
 
     /* Interned strings. */
     PyObject *str_carrier;    /* "_leapp_carrier" */

@@ -5,7 +5,7 @@
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
     X(classify) X(rewrite) X(alias) X(session_api) X(annotate_error)         \
-    X(op_kinds) X(dtype_names) X(str_carrier) X(str_class) X(str_dtype)      \
+    X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(nodes)
 
 static int
@@ -123,6 +123,7 @@ module_exec(PyObject *module)
     st->next_index = 0;
     st->op_kinds = PyDict_New();
     st->dtype_names = PyDict_New();
+    st->empty_kwargs = PyDict_New();
     st->nodes = PyDict_New();
     st->str_carrier = PyUnicode_InternFromString("_leapp_carrier");
     st->str_class = PyUnicode_InternFromString("__class__");
@@ -130,7 +131,8 @@ module_exec(PyObject *module)
     st->str_shape = PyUnicode_InternFromString("shape");
     st->str_clone = PyUnicode_InternFromString("clone");
     st->str_detach = PyUnicode_InternFromString("detach");
-    if (st->op_kinds == NULL || st->dtype_names == NULL || st->nodes == NULL
+    if (st->op_kinds == NULL || st->dtype_names == NULL || st->empty_kwargs == NULL
+        || st->nodes == NULL
         || st->str_carrier == NULL || st->str_class == NULL
         || st->str_dtype == NULL || st->str_shape == NULL
         || st->str_clone == NULL || st->str_detach == NULL) {

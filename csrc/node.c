@@ -570,14 +570,19 @@ node_new_value(NodeObject *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromSsize_t(self->nvalues++);
 }
 
-/* bind_const(tensor) -> int: a value id defined as a constant of the node. */
+/* bind_const(tensor, vid=-1) -> int: a value id (fresh unless given) defined
+ * as a constant of the node. */
 static PyObject *
-node_bind_const(NodeObject *self, PyObject *tensor)
+node_bind_const(NodeObject *self, PyObject *args_in)
 {
     leapp_state *st = PyType_GetModuleState(Py_TYPE(self));
-    PyObject *ref = NULL, *args = NULL, *record = NULL, *vid = NULL;
-    Py_ssize_t k = node_const_index(self, tensor);
-    if (k < 0 || st == NULL) {
+    PyObject *tensor, *ref = NULL, *args = NULL, *record = NULL, *vid = NULL;
+    Py_ssize_t given = -1, k;
+    if (st == NULL || !PyArg_ParseTuple(args_in, "O|n:bind_const", &tensor, &given)) {
+        return NULL;
+    }
+    k = node_const_index(self, tensor);
+    if (k < 0) {
         goto done;
     }
     ref = ref_new(st, REF_CONST, k);
@@ -585,7 +590,7 @@ node_bind_const(NodeObject *self, PyObject *tensor)
         goto done;
     }
     args = PyTuple_Pack(1, ref);
-    vid = PyLong_FromSsize_t(self->nvalues++);
+    vid = PyLong_FromSsize_t(given >= 0 ? given : self->nvalues++);
     if (args == NULL || vid == NULL) {
         Py_CLEAR(vid);
         goto done;
@@ -742,7 +747,7 @@ node_get_tracing(NodeObject *self, void *Py_UNUSED(closure))
 
 static PyMethodDef node_methods[] = {
     {"new_value", (PyCFunction)node_new_value, METH_NOARGS, "A fresh value id."},
-    {"bind_const", (PyCFunction)node_bind_const, METH_O, "Value id bound to a constant."},
+    {"bind_const", (PyCFunction)node_bind_const, METH_VARARGS, "Value id bound to a constant."},
     {"prune", (PyCFunction)node_prune, METH_O, "Reachability from output value ids."},
     {"finish", (PyCFunction)node_finish, METH_O, "Close the node with its index."},
     {NULL},

@@ -207,7 +207,7 @@ bind_results(leapp_state *st, NodeObject *node, PyObject *r)
 static PyObject *
 run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyObject *kwargs)
 {
-    PyObject *call[4] = {func, types, args, kwargs};
+    PyObject *call[4] = {func, types, args, kwargs == Py_None ? st->empty_kwargs : kwargs};
     return PyObject_Vectorcall(st->run_disabled, call, 4, NULL);
 }
 

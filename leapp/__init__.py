@@ -1,0 +1,42 @@
+"""LEAPP: Lightweight Export Annotations for Policy Pipelines, with a C core.
+
+    import leapp
+    from leapp import annotate
+
+    leapp.start("my_pipeline")
+    ... annotated code ...
+    leapp.stop()
+    leapp.compile_graph()
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _core, _ops
+from ._session import API, passthrough_api
+from ._traced import TracedTensor, alias
+
+_core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,
+            _ops.classify, _ops.rewrite, alias, API, passthrough_api)
+
+from . import annotate  # noqa: E402
+from ._patching import FunctionPatch  # noqa: E402
+from .lifecycle import (__config_version__, __version__, compile_graph, start,  # noqa: E402
+                        stop)
+from .semantics import (GraphConfigs, InputKindEnum, OutputKindEnum,  # noqa: E402
+                        TemporalAxis, TensorSemantics)
+
+__all__ = [
+    "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
+    "OutputKindEnum", "TemporalAxis", "GraphConfigs", "FunctionPatch", "InferenceManager",
+    "TracedTensor", "__version__", "__config_version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InferenceManager":  # onnxruntime is imported only when needed
+        from .inference_manager import InferenceManager
+        return InferenceManager
+    raise AttributeError(f"module 'leapp' has no attribute '{name}'")

@@ -1,0 +1,80 @@
+"""annotate.module(): registered nn.Module buffers tracked while a node traces.
+
+A buffer reassigned in forward() (self.h = new_h) becomes feedback state; a
+buffer only read is baked into the model as a constant.  In-place writes
+(self.h.copy_(x)) are not reassignments.  Every buffer is put back as a real
+tensor afterwards, holding its latest value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _core
+from ._payload import Leaf
+from ._traced import clone_plain, plain
+
+
+class _Tracked:
+    __slots__ = ("owner", "attr", "name", "original", "traced")
+
+    def __init__(self, owner: torch.nn.Module, attr: str, name: str, original: torch.Tensor):
+        self.owner, self.attr, self.name, self.original = owner, attr, name, original
+        self.traced: Any = None
+
+
+class BufferTracker:
+    """The buffers of one module registered with one node."""
+
+    def __init__(self, model: torch.nn.Module, buffer_names: list[str] | None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"annotate.module() expects an nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.wanted = None if buffer_names is None else set(buffer_names)
+        self.tracked: list[_Tracked] = []
+        self.restored = False
+
+    def inject(self, api: Any, node: Any) -> None:
+        from ._session import info
+        for full_name, buffer in self.model.named_buffers():
+            if buffer is None or (self.wanted is not None and full_name not in self.wanted):
+                continue
+            owner_path, _, attr = full_name.rpartition(".")
+            owner = self.model.get_submodule(owner_path) if owner_path else self.model
+            entry = _Tracked(owner, attr, full_name.replace(".", "_"), buffer)
+            with torch._C.DisableTorchFunctionSubclass():
+                carrier_value = buffer.detach()
+            leaf = Leaf(entry.name, carrier_value, None, (entry.name,))
+            entry.traced = api._new_input(node, leaf, state=True)
+            info(node).states[entry.name] = node.inputs[-1]
+            owner._buffers[attr] = entry.traced
+            self.tracked.append(entry)
+
+    def collect(self, api: Any, node: Any) -> None:
+        """Reassigned buffers become state updates, untouched ones constants."""
+        from ._session import info
+        node_info = info(node)
+        for entry in self.tracked:
+            current = entry.owner._buffers.get(entry.attr)
+            if current is not entry.traced and current is not None:
+                api.update_state(node.name, {entry.name: current})
+                continue
+            port = node_info.states.pop(entry.name)
+            node.inputs.remove(port)
+            node.bind_const(clone_plain(entry.original), port.vid)
+
+    def restore(self) -> None:
+        """Put real tensors back on the module (idempotent)."""
+        if self.restored:
+            return
+        for entry in self.tracked:
+            current = entry.owner._buffers.get(entry.attr)
+            if current is entry.traced or current is None:
+                value = entry.original
+            else:
+                value = plain(current)
+            if _core.carrier_of(value) is not None:
+                value = plain(value)
+            entry.owner._buffers[entry.attr] = value
+        self.restored = True

@@ -1,0 +1,147 @@
+"""Turn a finished node's op log into a torch.fx.GraphModule (once per node).
+
+The op log holds (func, args, kwargs, out) records whose traced arguments are
+Refs to value ids; tensors from outside the node are constants registered on
+the module.  Exporters consume the GraphModule.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import _core
+from ._ops import BINARY_OPERATORS, reverse_dims
+from ._traced import clone_plain
+
+_TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
+
+
+def _is_tensor_method(func: Any) -> bool:
+    name = getattr(func, "__name__", None)
+    if not name:
+        return False
+    return any(getattr(owner, name, None) is func for owner in _TENSOR_METHOD_OWNERS)
+
+
+def _getter_name(func: Any) -> str | None:
+    """'T' for Tensor.T.__get__ and the like (property reads that give tensors)."""
+    owner = getattr(func, "__self__", None)
+    if getattr(func, "__name__", None) == "__get__" and owner is not None:
+        return getattr(owner, "__name__", None)
+    return None
+
+
+class _Builder:
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.root = torch.nn.Module()
+        self.graph = fx.Graph()
+        self.env: dict[int, fx.Node] = {}
+        self.const_nodes: dict[int, fx.Node] = {}
+
+    def constant(self, tensor: torch.Tensor) -> fx.Node:
+        key = id(tensor)
+        found = self.const_nodes.get(key)
+        if found is None:
+            name = f"_const_{len(self.const_nodes)}"
+            self.root.register_buffer(name, clone_plain(tensor).contiguous())
+            found = self.graph.get_attr(name)
+            self.const_nodes[key] = found
+        return found
+
+    def arg(self, obj: Any) -> Any:
+        if isinstance(obj, _core.Ref):
+            if obj.kind == 1:
+                return self.constant(self.node.consts[obj.index])
+            return self.env[obj.index]
+        if isinstance(obj, torch.Tensor):
+            return self.constant(obj)
+        if isinstance(obj, torch.Size):
+            return tuple(int(s) for s in obj)
+        if isinstance(obj, tuple):
+            return tuple(self.arg(o) for o in obj)
+        if isinstance(obj, list):
+            return [self.arg(o) for o in obj]
+        if isinstance(obj, dict):
+            return {k: self.arg(v) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(self.arg(obj.start), self.arg(obj.stop), self.arg(obj.step))
+        return obj
+
+    def call(self, func: Any, args: tuple, kwargs: dict) -> fx.Node:
+        if kwargs.get("inplace") is True:
+            kwargs = dict(kwargs, inplace=False)
+        name = getattr(func, "__name__", "") or ""
+        if name.startswith("__") and name.endswith("__") and name != "__get__":
+            core = name[2:-2]
+            reflected = core.startswith("r") and core[1:] in BINARY_OPERATORS
+            key = core[1:] if reflected else core
+            key = {"and": "and_", "or": "or_"}.get(key, key)
+            if key in BINARY_OPERATORS:
+                target = BINARY_OPERATORS[key]
+                if reflected:
+                    args = (args[1], args[0]) + tuple(args[2:])
+                return self.graph.call_function(target, args, kwargs)
+        getter = _getter_name(func)
+        if getter is not None:
+            if getter == "T":
+                return self.graph.call_function(reverse_dims, args)
+            if getter == "mT":
+                return self.graph.call_method("transpose", (args[0], -2, -1))
+            if getter in ("data",):
+                return args[0]
+            if getter in ("real",):
+                return self.graph.call_function(torch.real, args)
+            raise NotImplementedError(
+                f"node '{self.node.name}': reading tensor property '{getter}' inside a traced "
+                f"node cannot be exported; compute it with a torch function instead.")
+        if _is_tensor_method(func):
+            return self.graph.call_method(name, args, kwargs)
+        return self.graph.call_function(func, args, kwargs)
+
+    def build(self, live_ops: list[int], inputs: list, output_vids: list[int]) -> fx.GraphModule:
+        used_names: set[str] = set()
+        for port in inputs:
+            placeholder = self.graph.placeholder(_safe_name(port.name, used_names))
+            self.env[port.vid] = placeholder
+        # Values defined as constants of the node first: they depend on nothing
+        # and a module buffer may become one after ops that read it.
+        ordered = sorted(live_ops, key=lambda i: self.node.ops[i][0] is not None)
+        for index in ordered:
+            func, args, kwargs, out = self.node.ops[index]
+            if func is None:
+                result = self.arg(args[0])
+            else:
+                result = self.call(func, self.arg(args), self.arg(kwargs or {}))
+            if isinstance(out, int):
+                self.env[out] = result
+            else:
+                for i, vid in enumerate(out):
+                    if vid is not None:
+                        self.env[vid] = self.graph.call_function(operator.getitem, (result, i))
+        results = [self.env[v] for v in output_vids]
+        self.graph.output(results[0] if len(results) == 1 else tuple(results))
+        self.graph.lint()
+        module = fx.GraphModule(self.root, self.graph, class_name=_safe_name(self.node.name, set()))
+        module.eval()
+        return module
+
+
+def _safe_name(name: str, used: set[str]) -> str:
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "x"
+    if text[0].isdigit():
+        text = "_" + text
+    candidate, k = text, 1
+    while candidate in used:
+        candidate, k = f"{text}_{k}", k + 1
+    used.add(candidate)
+    return candidate
+
+
+def build_graph_module(node: Any, live_ops: list[int], inputs: list,
+                       output_vids: list[int]) -> fx.GraphModule:
+    """The GraphModule computing the node's outputs from its (unpruned) inputs."""
+    return _Builder(node).build(live_ops, inputs, output_vids)

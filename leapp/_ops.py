@@ -1,0 +1,146 @@
+"""How torch functions are recorded: op kinds, functional rewrites of in-place
+ops, and the small scriptable helpers the rewrites record.
+
+The C handler asks classify() once per function and caches the answer; it
+calls rewrite() only for in-place ops, which are rare on the hot path.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+
+from . import _core
+
+OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO = 0, 1, 2, 3
+
+_COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
+_INPLACE_DUNDERS = {
+    "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
+    "__itruediv__": "__truediv__", "__ifloordiv__": "__floordiv__", "__imod__": "__mod__",
+    "__ipow__": "__pow__", "__imatmul__": "__matmul__", "__iand__": "__and__",
+    "__ior__": "__or__", "__ixor__": "__xor__", "__ilshift__": "__lshift__",
+    "__irshift__": "__rshift__",
+}
+# In-place methods without a functional twin that only touch metadata.
+_METADATA_INPLACE = {"requires_grad_", "retain_grad", "share_memory_", "detach_", "resize_",
+                     "set_", "record_stream", "pin_memory"}
+
+
+def _name(func: Any) -> str:
+    return getattr(func, "__name__", "") or ""
+
+
+def functional_twin(func: Any) -> Callable | None:
+    """The out-of-place function computing what the in-place func writes."""
+    name = _name(func)
+    if name in _INPLACE_DUNDERS:
+        return getattr(torch.Tensor, _INPLACE_DUNDERS[name])
+    if func is torch.Tensor.__setitem__:
+        return index_write
+    if func is torch.Tensor.copy_:
+        return copy_write
+    if name.endswith("_") and not name.endswith("__") and name not in _METADATA_INPLACE:
+        base = name[:-1]
+        twin = getattr(torch.Tensor, base, None)
+        if twin is not None and getattr(torch.Tensor, name, None) is func:
+            return twin
+        twin = getattr(torch, base, None)
+        if twin is not None and getattr(torch, name, None) is func:
+            return twin
+        twin = getattr(torch.nn.functional, base, None)
+        if twin is not None and getattr(torch.nn.functional, name, None) is func:
+            return twin
+    return None
+
+
+def classify(func: Any) -> int:
+    """The kind of a torch function, cached by the C core per function."""
+    name = _name(func)
+    if functional_twin(func) is not None:
+        return OP_INPLACE
+    if name in _COPY_NAMES:
+        return OP_COPY
+    if name == "to":
+        return OP_TO
+    return OP_PLAIN
+
+
+def _snapshot(t: Any) -> Any:
+    """A plain receiver's value before the op mutates it (becomes a constant)."""
+    if isinstance(t, torch.Tensor) and _core.carrier_of(t) is None:
+        with torch._C.DisableTorchFunctionSubclass():
+            return t.detach().clone()
+    return t
+
+
+def _has_traced(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return _core.carrier_of(obj) is not None
+    if isinstance(obj, (tuple, list)):
+        return any(_has_traced(o) for o in obj)
+    return False
+
+
+def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
+    """(func, args, kwargs) to record for an in-place op, before it runs."""
+    kwargs = dict(kwargs or {})
+    if func is torch.Tensor.__setitem__:
+        return _rewrite_setitem(*args)
+    if func is torch.Tensor.copy_:
+        dest, src = args[0], args[1]
+        return copy_write, (dest, src), {}
+    twin = functional_twin(func)
+    rest = tuple(args[1:])
+    return twin, (_snapshot(args[0]),) + rest, kwargs
+
+
+def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
+    if not isinstance(value, torch.Tensor):
+        value = torch.tensor(value, dtype=dest.dtype)
+    base = _snapshot(dest)
+    if _has_traced(key):
+        mask = key
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                and tuple(mask.shape) == tuple(dest.shape)):
+            return masked_write, (base, mask, value), {}
+        raise NotImplementedError(
+            "Advanced indexing with TracedTensor indices is only auto-lowered for boolean masks "
+            "of the destination's shape in an assignment; compute the result with torch.where() "
+            "or index with a static key instead.")
+    with torch._C.DisableTorchFunctionSubclass():
+        positions = torch.arange(dest.numel()).reshape(tuple(dest.shape))[key].clone()
+    return index_write, (base, positions, value), {}
+
+
+def index_write(dest: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """dest with value written at the flat positions idx (a functional setitem)."""
+    flat = dest.reshape(-1).clone()
+    flat[idx.reshape(-1)] = value.to(dest.dtype).expand(idx.shape).reshape(-1)
+    return flat.reshape(dest.shape)
+
+
+def masked_write(dest: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """dest with value where mask is true (a functional dest[mask] = value)."""
+    return torch.where(mask, value.to(dest.dtype), dest)
+
+
+def copy_write(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """The value dest holds after dest.copy_(src)."""
+    return src.to(dest.dtype).expand(dest.shape).clone()
+
+
+def reverse_dims(x: torch.Tensor) -> torch.Tensor:
+    """x.T for any rank."""
+    dims = [x.dim() - 1 - i for i in range(x.dim())]
+    return x.permute(dims)
+
+
+# Python operators whose reversed dunder (__radd__...) swaps operands.
+BINARY_OPERATORS = {
+    name: getattr(operator, name)
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_",
+                 "or_", "xor", "lshift", "rshift", "eq", "ne", "lt", "le", "gt", "ge",
+                 "getitem", "neg", "pos", "invert", "abs")
+}

@@ -1,0 +1,630 @@
+"""The traced slow paths of the annotations, run while a session is active.
+
+The C core answers annotations directly when no session runs; with one, it
+calls into SessionAPI.  Node contexts, ports, the op log and provenance live
+in C objects (leapp._core.Node / Port / Carrier); this module walks payloads,
+raises the clear errors, and drives the node lifecycle:
+
+  pass 1 of a node: input_tensors declares ports and returns traced values,
+  ops are recorded by the C handler, output_tensors prunes, builds the
+  GraphModule, publishes the output ports and closes the node;
+  later passes: the same calls check the structure against pass 1, fill in a
+  missing source (inferred feedback) and cache samples for validation.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import _core
+from ._fx import build_graph_module
+from ._logging import fatal, logger
+from ._payload import Leaf, flatten, normalize, passthrough, rebuild
+from ._traced import TracedTensor, alias, clone_plain, plain
+
+
+@dataclass
+class SessionConfig:
+    """What leapp.start() was given."""
+
+    graph_name: str
+    save_dir: str
+    verbose: bool = False
+    dry_run: bool = False
+    non_traced: frozenset = frozenset()
+    max_cached_io: int = 5
+    global_patching: bool = True
+    patches: list = field(default_factory=list)
+
+
+@dataclass
+class NodeInfo:
+    """Per-node facade data kept in Node.info['leapp']."""
+
+    export_with: str | None = None
+    backend_params: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)          # name -> input Port
+    state_updates: dict = field(default_factory=dict)   # name -> traced value
+    trackers: list = field(default_factory=list)        # module buffer trackers
+    graph_module: Any = None
+    live_ops: list = field(default_factory=list)        # op indices reaching outputs
+    pending: dict = field(default_factory=dict)         # re-entry sample in progress
+    samples: int = 0                                    # cached re-entry samples
+
+
+class _Current:
+    config: SessionConfig | None = None
+
+
+def config() -> SessionConfig | None:
+    return _Current.config
+
+
+def info(node: Any) -> NodeInfo:
+    return node.info["leapp"]
+
+
+def _nodes() -> dict:
+    return _core.nodes()
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _describe(value: torch.Tensor) -> tuple[str, tuple]:
+    return _core.dtype_name(value), tuple(int(s) for s in value.shape)
+
+
+def _shape_text(port: Any) -> str:
+    return f"{{name: {port.name}, dtype: {port.dtype}, shape: {list(port.shape)}}}"
+
+
+def _port_names(node: Any) -> list[str]:
+    return [p.name for p in list(node.inputs) + list(node.outputs) + list(node.trimmed_inputs)]
+
+
+class SessionAPI:
+    """The annotations' implementation while a session runs (and their payload checks)."""
+
+    # ---- node lookup ------------------------------------------------------
+
+    def _new_node(self, name: str) -> Any:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"node_name must be a non-empty str, got {name!r}")
+        node = _core.Node(name)
+        node.info["leapp"] = NodeInfo()
+        _nodes()[name] = node
+        logger.info("Node context initialized: %s", name)
+        return node
+
+    def _existing(self, api: str, name: str) -> Any:
+        node = _nodes().get(name)
+        if node is None:
+            fatal(f"{api}() called for node '{name}' but node not found. Call "
+                  f"annotate.input_tensors('{name}', ...) first to open the node.")
+        return node
+
+    # ---- inputs -------------------------------------------------------------
+
+    def input_tensors(self, node_name: str, tensors: Any) -> Any:
+        """Declare node inputs; returns traced values (plain ones on re-entry)."""
+        values, fields = normalize("input_tensors", node_name, tensors)
+        if not _core.is_tracing():
+            return rebuild(values, {})
+        node = _nodes().get(node_name) or self._new_node(node_name)
+        return self._declare(node, values, fields, state=False)
+
+    def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
+        replaced: dict[tuple, Any] = {}
+        for leaf in flatten(values, fields):
+            if not _is_tensor(leaf.value):
+                logger.warning("Input '%s' of node '%s' is a %s, not a tensor: it will be passed "
+                               "through as a constant.", leaf.name, node.name,
+                               type(leaf.value).__name__)
+                continue
+            if node.is_tracing:
+                replaced[leaf.path] = self._new_input(node, leaf, state)
+            else:
+                replaced[leaf.path] = self._reenter_input(node, leaf)
+        return rebuild(values, replaced)
+
+    def _check_unique(self, node: Any, name: str) -> None:
+        if name in _port_names(node):
+            fatal(f"Error: Duplicate name '{name}' in node '{node.name}'. Each input/output "
+                  f"must have a unique name: rename one of them.")
+
+    def _new_input(self, node: Any, leaf: Leaf, state: bool) -> Any:
+        self._check_unique(node, leaf.name)
+        value = leaf.value
+        carrier = _core.carrier_of(value)
+        src_node = src_port = None
+        if carrier is not None and carrier.active:
+            if carrier.node is not node:
+                fatal(f"Error: when creating inputs for '{node.name}', detected data "
+                      f"'{leaf.name}' is an active TracedTensor from a different node "
+                      f"'{carrier.node.name}'. Mixing active contexts is not allowed: finish "
+                      f"'{carrier.node.name}' with annotate.output_tensors() first.")
+            logger.warning("Input '%s' of node '%s' is already a traced value of this node; "
+                           "it is declared again as a new input.", leaf.name, node.name)
+        elif carrier is not None:
+            if carrier.port is not None:
+                src_node, src_port = carrier.node, carrier.port
+            elif not carrier.declared:
+                logger.warning(
+                    "Input '%s' of node '%s' was derived from node '%s' but is not one of its "
+                    "registered outputs; it becomes a graph input. Publish it with "
+                    "annotate.output_tensors('%s', ...) to wire it.", leaf.name, node.name,
+                    carrier.node.name, carrier.node.name)
+        dtype, shape = _describe(value)
+        vid = node.new_value()
+        port = _core.Port(leaf.name, dtype, shape, vid, clone_plain(value), leaf.semantics)
+        port.src_node, port.src_port = src_node, src_port
+        port.is_state = 1 if state else 0
+        node.inputs.append(port)
+        traced = value if type(value) is torch.Tensor else alias(value)
+        _core.set_carrier(traced, node, vid, None, True)
+        return traced
+
+    def _find_port(self, node: Any, name: str, outputs: bool) -> Any:
+        ports = node.outputs if outputs else list(node.inputs) + list(node.trimmed_inputs)
+        for port in ports:
+            if port.name == name:
+                return port
+        available = [p.name for p in ports]
+        fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
+              f"{node.name} with new i/o {name} but failed to find it in the current i/o "
+              f"list.\navailable i/o names: {available}")
+
+    def _check_same(self, node: Any, port: Any, leaf: Leaf) -> None:
+        dtype, shape = _describe(leaf.value)
+        semantics = leaf.semantics
+        if dtype != port.dtype or shape != tuple(port.shape) or (
+                semantics is not None and semantics != port.semantics):
+            new = f"{{name: {leaf.name}, dtype: {dtype}, shape: {list(shape)}}}"
+            fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
+                  f"{node.name} with new i/o {leaf.name} \nbut the description has changed "
+                  f"from {_shape_text(port)} to {new}.\nThis can happen if some dynamic "
+                  f"behavior is not captured by the annotations")
+
+    def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:
+        cfg = _Current.config
+        if cfg is not None and info(node).samples < cfg.max_cached_io - 1:
+            info(node).pending[id(port)] = (port, clone_plain(value))
+
+    def _reenter_input(self, node: Any, leaf: Leaf) -> Any:
+        port = self._find_port(node, leaf.name, outputs=False)
+        self._check_same(node, port, leaf)
+        carrier = _core.carrier_of(leaf.value)
+        if port.src_node is None and carrier is not None and carrier.port is not None \
+                and not carrier.active:
+            # A dangling input now fed by a published value: inferred feedback.
+            port.src_node, port.src_port = carrier.node, carrier.port
+        self._cache(node, port, leaf.value)
+        return plain(leaf.value)
+
+    # ---- outputs ------------------------------------------------------------
+
+    def output_tensors(self, node_name: str, tensors: Any, static_outputs: Any = None,
+                       export_with: str | None = None, backend_params: dict | None = None,
+                       **kwargs: Any) -> Any:
+        """Finish the node (pass 1) or check and cache its outputs (later passes)."""
+        if kwargs:
+            raise TypeError(f"output_tensors() got unexpected keyword arguments "
+                            f"{sorted(kwargs)}; accepted: static_outputs, export_with, "
+                            f"backend_params")
+        values, fields = normalize("output_tensors", node_name, tensors)
+        statics = normalize("output_tensors static_outputs", node_name, static_outputs) \
+            if static_outputs is not None else ({}, {})
+        if not _core.is_tracing():
+            return rebuild(values, {})
+        node = _nodes().get(node_name)
+        if node is None:
+            fatal(f"output_tensors() called for node '{node_name}' but input_tensors() was "
+                  f"never called for it. Call annotate.input_tensors('{node_name}', ...) first.")
+        leaves = list(flatten(values, fields))
+        static_leaves = list(flatten(*statics))
+        if node.is_tracing:
+            self._finish(node, leaves, static_leaves, export_with, backend_params or {})
+            return rebuild(values, {})
+        self._reenter_outputs(node, leaves + static_leaves)
+        return rebuild(values, {leaf.path: plain(leaf.value) for leaf in leaves})
+
+    def _check_outputs(self, api: str, node: Any, leaves: list[Leaf]) -> None:
+        untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
+                    if _core.carrier_of(leaf.value) is None]
+        if untraced:
+            fatal(f"{api}() for node '{node.name}' received non-traced tensors: {untraced}\n"
+                  f"Possible causes:\n"
+                  f"  1. raw tensors were passed that never went through the node's inputs "
+                  f"(use static_outputs= for constants);\n"
+                  f"  2. the trace was broken, e.g. by a numpy round-trip or .item();\n"
+                  f"  3. the value returned by annotate.input_tensors() was not used.")
+        foreign = [f"{leaf.name} (node '{_core.carrier_of(leaf.value).node.name}')"
+                   for leaf in leaves if _core.carrier_of(leaf.value).node is not node
+                   or not _core.carrier_of(leaf.value).active]
+        if foreign:
+            fatal(f"{api}() for node '{node.name}' received tensors that belong to a different "
+                  f"node: {foreign}. Declare them with annotate.input_tensors('{node.name}', "
+                  f"...) to use them here.")
+
+    def _finish(self, node: Any, leaves: list[Leaf], static_leaves: list[Leaf],
+                export_with: str | None, backend_params: dict) -> None:
+        node_info = info(node)
+        for tracker in node_info.trackers:
+            tracker.collect(self, node)
+        self._check_outputs("output_tensors", node, leaves)
+        outputs: list[tuple[Leaf, int]] = []
+        for leaf in leaves:
+            self._check_unique(node, leaf.name)
+            outputs.append((leaf, _core.carrier_of(leaf.value).vid))
+            node.outputs.append(self._output_port(leaf, outputs[-1][1]))
+        for leaf in static_leaves:
+            if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
+                fatal(f"Cannot create static output from traced tensor '{leaf.name}' of node "
+                      f"'{node.name}'. Static outputs must be raw tensors; return traced "
+                      f"values through the tensors argument instead.")
+            if not _is_tensor(leaf.value):
+                fatal(f"Error: static output '{leaf.name}' has type "
+                      f"{type(leaf.value).__name__} but expected a raw tracable data type "
+                      f"(torch.Tensor).", TypeError)
+            self._check_unique(node, leaf.name)
+            vid = node.bind_const(clone_plain(leaf.value))
+            node.outputs.append(self._output_port(leaf, vid))
+        self._merge_states(node)
+        self._prune(node)
+        for tracker in node_info.trackers:
+            tracker.restore()
+        cfg = _Current.config
+        skip = cfg is not None and (cfg.dry_run or node.name in cfg.non_traced)
+        node_info.export_with = None if skip else export_with
+        node_info.backend_params = dict(backend_params)
+        if not skip and export_with is not None:
+            from .backends import check_backend
+            check_backend(node.name, export_with, backend_params)
+        node_info.graph_module = build_graph_module(
+            node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
+        logger.debug("Compiled graph module for %s:\n%s", node.name, node_info.graph_module.graph)
+        for leaf in leaves:
+            carrier = _core.carrier_of(leaf.value)
+            if carrier.port is None:  # one value published twice keeps its first port
+                carrier.port = leaf.name
+        for name, value in node_info.state_updates.items():
+            carrier = _core.carrier_of(value)
+            if carrier is not None and carrier.port is None:
+                carrier.port = name
+        node.finish(_core.next_index())
+
+    def _output_port(self, leaf: Leaf, vid: int) -> Any:
+        dtype, shape = _describe(leaf.value)
+        return _core.Port(leaf.name, dtype, shape, vid, clone_plain(leaf.value), leaf.semantics)
+
+    def _merge_states(self, node: Any) -> None:
+        node_info = info(node)
+        for name, port in node_info.states.items():
+            value = node_info.state_updates.get(name)
+            if value is None:
+                logger.warning("State '%s' of node '%s' was declared but never passed to "
+                               "update_state(); it stays a regular input.", name, node.name)
+                port.is_state = 0
+                continue
+            vid = _core.carrier_of(value).vid
+            out = self._output_port(Leaf(name, value, port.semantics, (name,)), vid)
+            out.is_state = 1
+            node.outputs.append(out)
+            port.src_node, port.src_port = node, name
+
+    def _prune(self, node: Any) -> None:
+        live_ops, live = node.prune([p.vid for p in node.outputs])
+        info(node).live_ops = live_ops
+        kept, trimmed = [], []
+        for port in node.inputs:
+            (kept if live[port.vid] else trimmed).append(port)
+        if trimmed:
+            node.inputs[:] = kept
+            node.trimmed_inputs.extend(trimmed)
+            logger.warning(
+                "Warning: when building the graph module for %s, detected the following inputs "
+                "are not used in the computation or directly returned as output: %s \nFor "
+                "clarity and efficiency, consider removing these inputs", node.name,
+                {p.name for p in trimmed})
+
+    def _reenter_outputs(self, node: Any, leaves: list[Leaf]) -> None:
+        node_info = info(node)
+        for leaf in leaves:
+            port = self._find_port(node, leaf.name, outputs=True)
+            self._check_same(node, port, leaf)
+            self._cache(node, port, leaf.value)
+        for name, value in node_info.state_updates.items():
+            for port in node.outputs:
+                if port.name == name and port.is_state:
+                    self._cache(node, port, value)
+        node_info.state_updates = {}
+        cfg = _Current.config
+        if node_info.pending and cfg is not None and node_info.samples < cfg.max_cached_io - 1:
+            for port, value in node_info.pending.values():
+                port.samples.append(value)
+            node_info.samples += 1
+        node_info.pending = {}
+
+    # ---- state, buffers, modules -------------------------------------------
+
+    def _flat_state(self, api: str, node_name: str, tensors: Any) -> tuple[dict, dict]:
+        values, fields = normalize(api, node_name, tensors)
+        for key, value in values.items():
+            if isinstance(value, (dict, list, tuple)):
+                raise TypeError(f"{api}() for node '{node_name}' does not support nested state "
+                                f"structures ('{key}' is a {type(value).__name__}); declare "
+                                f"each state tensor under its own name.")
+        return values, fields
+
+    def state_tensors(self, node_name: str, tensors: Any) -> Any:
+        """Declare state inputs of the node; updated ones become feedback."""
+        values, fields = self._flat_state("state_tensors", node_name, tensors)
+        if not _core.is_tracing():
+            return rebuild(values, {})
+        node = self._existing("state_tensors", node_name)
+        node_info = info(node)
+        if node.is_tracing:
+            replaced = {}
+            for leaf in flatten(values, fields):
+                if leaf.name in node_info.states:
+                    logger.warning("State '%s' of node '%s' is already declared.", leaf.name,
+                                   node.name)
+                    continue
+                traced = self._new_input(node, leaf, state=True)
+                node_info.states[leaf.name] = node.inputs[-1]
+                replaced[leaf.path] = traced
+            return rebuild(values, replaced)
+        return self._declare(node, values, fields, state=True)
+
+    def update_state(self, node_name: str, tensors: Any) -> Any:
+        """Bind the new values of declared states (feedback outputs)."""
+        values, _ = self._flat_state("update_state", node_name, tensors)
+        if not _core.is_tracing():
+            return rebuild(values, {})
+        node = self._existing("update_state", node_name)
+        node_info = info(node)
+        for name, value in values.items():
+            port = node_info.states.get(name)
+            if port is None:
+                fatal(f"Error: update_state called for '{name}' but it was not registered as a "
+                      f"state tensor of node '{node_name}'. Declare it first with "
+                      f"annotate.state_tensors('{node_name}', {{'{name}': initial}}).")
+            if node.is_tracing:
+                self._check_outputs("update_state", node, [Leaf(name, value, None, (name,))])
+            dtype, shape = _describe(value)
+            if dtype != port.dtype or shape != tuple(port.shape):
+                fatal(f"Error: update_state for '{name}' of node '{node_name}' has shape "
+                      f"{list(shape)} and dtype {dtype} but expected shape {list(port.shape)} "
+                      f"and dtype {port.dtype}.")
+            node_info.state_updates[name] = value
+        return rebuild(values, {})
+
+    def register_buffer(self, node_name: str, tensors: Any) -> Any:
+        """Persistent tensors of the node that traced code may write in place."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = {"buffer_0": tensors}
+            single = True
+        elif isinstance(tensors, (list, tuple)) and all(_is_tensor(t) for t in tensors):
+            tensors = {f"buffer_{i}": t for i, t in enumerate(tensors)}
+            single = False
+        else:
+            single = None
+        values, fields = normalize("register_buffer", node_name, tensors)
+        if not _core.is_tracing():
+            return rebuild(values, {}) if single is not True else values["buffer_0"]
+        node = self._existing("register_buffer", node_name)
+        replaced = {}
+        for leaf in flatten(values, fields):
+            if not _is_tensor(leaf.value) or not node.is_tracing:
+                continue
+            if _core.carrier_of(leaf.value) is not None:
+                fatal(f"register_buffer() for node '{node_name}': '{leaf.name}' is already "
+                      f"traced; buffers must be raw tensors.")
+            vid = node.bind_const(clone_plain(leaf.value))
+            traced = leaf.value if type(leaf.value) is torch.Tensor else alias(leaf.value)
+            _core.set_carrier(traced, node, vid, None, True)
+            replaced[leaf.path] = traced
+        return rebuild(values, replaced)
+
+    def module(self, node_name: str, model: torch.nn.Module,
+               buffer_names: list[str] | None = None) -> None:
+        """Track the registered buffers of model while the node traces."""
+        from ._buffers import BufferTracker
+        node = self._existing("module", node_name)
+        if not node.is_tracing:
+            return None
+        tracker = BufferTracker(model, buffer_names)
+        tracker.inject(self, node)
+        info(node).trackers.append(tracker)
+        return None
+
+    # ---- provenance ---------------------------------------------------------
+
+    def mirror_leapp_tags(self, source: Any, target: Any) -> Any:
+        """Copy provenance from source to target after checking they match exactly."""
+        if not _core.is_tracing():
+            return target
+        try:
+            _exact_match(source, target)
+        except _Mismatch as exc:
+            fatal(f"Error: source and target do not match: {exc}")
+        except Exception as exc:  # structure the check could not follow
+            fatal(f"unexpected error mirroring LEAPP tags: {exc}", cause=exc)
+        _mirror(source, target)
+        return target
+
+    # ---- @annotate.method ---------------------------------------------------
+
+    def call_method(self, method: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a decorated function as one traced node."""
+        fn = method.fn
+        options = method.options
+        node_name = options.get("node_name") or getattr(fn, "__name__", "method")
+        target = inspect.unwrap(fn)
+        signature = inspect.signature(target)
+        bound = signature.bind(*args, **kwargs)
+        params = list(signature.parameters.values())
+        skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
+        node = _nodes().get(node_name) or self._new_node(node_name)
+        call_args: list = []
+        call_kwargs: dict = {}
+        for index, param in enumerate(params):
+            if param.name not in bound.arguments:
+                if _is_tensor(param.default):  # an unpassed tensor default: a constant
+                    call_kwargs[param.name] = self.register_buffer(
+                        node_name, {param.name: param.default})
+                continue
+            value = bound.arguments[param.name]
+            if index == 0 and skip_first:
+                call_args.append(value)
+            elif param.kind is param.VAR_POSITIONAL:
+                for i, item in enumerate(value):
+                    call_args.append(self._method_input(node_name, f"arg_{i}", item))
+            elif param.kind is param.VAR_KEYWORD:
+                for key, item in value.items():
+                    call_kwargs[key] = self._method_input(node_name, key, item)
+            elif param.kind is param.KEYWORD_ONLY:
+                call_kwargs[param.name] = self._method_input(node_name, param.name, value)
+            else:
+                call_args.append(self._method_input(node_name, param.name, value))
+        result = fn(*call_args, **call_kwargs)
+        names = return_names(target)
+        if result is None:
+            fatal(f"Error: annotated method {node_name} returned None, but LEAPP expects a "
+                  f"return value")
+        values = result if isinstance(result, tuple) else (result,)
+        if len(names) != len(values):
+            if len(names) == 1 and not isinstance(result, tuple):
+                pass
+            elif all(n.startswith("output") for n in names):
+                names = [f"output{i}" for i in range(len(values))]
+            else:
+                fatal(f"Error: annotated method {node_name} returned {len(values)} values, but "
+                      f"LEAPP detected the following return names: {names}")
+        self.output_tensors(node_name, dict(zip(names, values)),
+                            export_with=options.get("export_with"),
+                            backend_params=options.get("backend_params") or {})
+        return result
+
+    def _method_input(self, node_name: str, name: str, value: Any) -> Any:
+        if _has_tensor(value):
+            return self.input_tensors(node_name, {name: value})
+        return value
+
+
+def _has_tensor(value: Any) -> bool:
+    if _is_tensor(value):
+        return True
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    return False
+
+
+_RETURN_NAMES: dict[Any, list[str]] = {}
+
+
+def return_names(fn: Callable) -> list[str]:
+    """Output names from the function's return statements (output{i} otherwise)."""
+    code = getattr(fn, "__code__", None)
+    if code in _RETURN_NAMES:
+        return _RETURN_NAMES[code]
+    names = ["output1"]
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    if tree is not None and tree.body:
+        top = tree.body[0]
+        returns = [n for n in ast.walk(top) if isinstance(n, ast.Return) and n.value is not None
+                   and _owner(top, n) is top]
+        found: list[list[str | None]] = []
+        for ret in returns:
+            elts = ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value]
+            found.append([e.id if isinstance(e, ast.Name) else None for e in elts])
+        if found:
+            width = max(len(f) for f in found)
+            merged = []
+            for i in range(width):
+                options = [f[i] for f in found if i < len(f) and f[i] is not None]
+                merged.append(options[0] if options else f"output{i}")
+            names = merged
+            if len({len(f) for f in found}) > 1:
+                logger.warning("Return statements of %s differ in arity; using %s",
+                               getattr(fn, "__name__", fn), names)
+    if len(set(names)) != len(names):
+        names = [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    _RETURN_NAMES[code] = names
+    return names
+
+
+def _owner(top: ast.AST, target: ast.AST) -> ast.AST | None:
+    """The innermost function definition containing target."""
+    owner = None
+    for node in ast.walk(top):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if any(child is target for child in ast.walk(node)):
+                owner = node
+    return owner
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _exact_match(source: Any, target: Any) -> None:
+    if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor):
+        a, b = plain(source), plain(target)
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
+                or not torch.equal(a, b):
+            raise _Mismatch(f"{_summary(a)} != {_summary(b)}")
+        return
+    if isinstance(source, dict) and isinstance(target, dict):
+        if list(source) != list(target):
+            raise _Mismatch(f"dict keys {list(source)} != {list(target)}")
+        for key in source:
+            _exact_match(source[key], target[key])
+        return
+    if isinstance(source, (list, tuple)) and isinstance(target, (list, tuple)):
+        if len(source) != len(target):
+            raise ValueError(f"list lengths {len(source)} != {len(target)}")
+        for a, b in zip(source, target):
+            _exact_match(a, b)
+        return
+    raise _Mismatch(f"{type(source).__name__} != {type(target).__name__}")
+
+
+def _summary(t: torch.Tensor) -> str:
+    return f"tensor(shape={list(t.shape)}, dtype={t.dtype}, values={t.flatten()[:6].tolist()})"
+
+
+def _mirror(source: Any, target: Any) -> None:
+    if isinstance(source, torch.Tensor):
+        carrier = _core.carrier_of(source)
+        if carrier is None:
+            return
+        if type(target) is not torch.Tensor and type(target) is not TracedTensor:
+            raise TypeError(f"mirror_leapp_tags: cannot tag a {type(target).__name__}")
+        _core.set_carrier(target, carrier.node, carrier.vid, carrier.port, bool(carrier.declared))
+        return
+    if isinstance(source, dict):
+        for key in source:
+            _mirror(source[key], target[key])
+    elif isinstance(source, (list, tuple)):
+        for a, b in zip(source, target):
+            _mirror(a, b)
+
+
+API = SessionAPI()
+
+
+def passthrough_api(api: str, node: str, payload: Any) -> Any:
+    return passthrough(api, node, payload)

@@ -1,0 +1,96 @@
+"""Export backends: one module per backend, chosen by export_with.
+
+Every backend takes a node's torch.fx.GraphModule with its example inputs and
+returns an Exported: the in-memory model used for validation, the file it
+wrote, the final port names (ONNX may rename or drop ports) and the extra
+YAML parameters.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+# export_with -> canonical backend name
+CANONICAL = {
+    "jit": "jit-script",
+    "jit-script": "jit-script",
+    "jit-trace": "jit-trace",
+    "onnx": "onnx-dynamo",
+    "onnx-dynamo": "onnx-dynamo",
+    "onnx-torchscript": "onnx-torchscript",
+    "exported-program": "exported-program",
+    "pt2": "exported-program",
+}
+
+# canonical name -> (module, accepted backend_params)
+BACKENDS = {
+    "jit-script": ("jit", frozenset()),
+    "jit-trace": ("jit", frozenset({"check_trace", "check_tolerance", "strict"})),
+    "onnx-dynamo": ("onnx", frozenset({"opset_version", "verify", "optimize", "report"})),
+    "onnx-torchscript": ("onnx", frozenset({"opset_version", "report", "prescript"})),
+    "exported-program": ("pt2", frozenset({"strict"})),
+    None: ("byom", frozenset({"model_path", "copy_original_model", "device"})),
+}
+
+
+@dataclass
+class Exported:
+    """What a backend produced for one node."""
+
+    model: Callable[..., Any] | None
+    path: str | None
+    yaml_backend: str | None
+    input_names: list[str]
+    output_names: list[str]
+    parameters: dict = field(default_factory=dict)
+    dropped_inputs: list[str] = field(default_factory=list)
+
+
+def canonical(node: str, export_with: str | None) -> str | None:
+    """The canonical backend name, or a clear error listing the accepted values."""
+    if export_with is None:
+        return None
+    if export_with in ("cpp", "c++"):
+        raise NotImplementedError(f"{node}: C++ backend not implemented")
+    if export_with in ("py", "python"):
+        raise NotImplementedError(f"{node}: Python backend not implemented")
+    name = CANONICAL.get(export_with) if isinstance(export_with, str) else None
+    if name is None:
+        raise ValueError(
+            f"{node} Unexpected backend: {export_with}, \nplease use one of the following: "
+            f"{sorted(CANONICAL)} (or None to describe the node without exporting it)")
+    return name
+
+
+def check_backend(node: str, export_with: str | None, backend_params: dict | None) -> str | None:
+    """Validate export_with and backend_params at output_tensors time."""
+    name = canonical(node, export_with)
+    params = backend_params or {}
+    if not isinstance(params, dict):
+        raise TypeError(f"{node}: backend_params must be a dict, got {type(params).__name__}")
+    accepted = BACKENDS[name][1]
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise ValueError(
+            f"{node}: unknown backend_params {unknown} for export_with={export_with!r}; "
+            f"accepted keys: {sorted(accepted) or 'none'}")
+    return name
+
+
+def export_node(node: str, export_with: str | None, backend_params: dict | None,
+                module: torch.fx.GraphModule, example_inputs: list[torch.Tensor],
+                input_names: list[str], output_names: list[str], out_dir: str) -> Exported:
+    """Export one node into out_dir with the backend export_with names."""
+    name = check_backend(node, export_with, backend_params)
+    backend = importlib.import_module(f"{__name__}.{BACKENDS[name][0]}")
+    return backend.export(node, name, dict(backend_params or {}), module, example_inputs,
+                          list(input_names), list(output_names), out_dir)
+
+
+def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Example inputs as plain, detached tensors outside inference mode."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return [t.detach().clone().as_subclass(torch.Tensor) for t in inputs]

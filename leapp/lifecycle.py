@@ -1,0 +1,330 @@
+"""leapp.start(), leapp.stop() and leapp.compile_graph()."""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+from . import _core, _logging
+from ._logging import fatal, logger, section
+from ._session import API, SessionConfig, _Current, info
+from .semantics import GraphConfigs
+
+__version__ = "0.7.2"
+__config_version__ = "1.3"
+
+
+def _resolve_name(name: Any, save_path: str) -> tuple[str, str]:
+    """(graph name, bundle directory) from a name that may be a path."""
+    if not isinstance(name, str):
+        fatal(f"leapp.start(name=...) must be a string, got {type(name).__name__}", TypeError)
+    stripped = name.strip().rstrip("/\\")
+    if not stripped or stripped in (".", ".."):
+        fatal(f"leapp.start(name={name!r}) does not contain a usable graph name", ValueError)
+    graph = os.path.basename(stripped)
+    if not graph or graph in (".", ".."):
+        fatal(f"leapp.start(name={name!r}) resolved to an empty graph name basename",
+              ValueError)
+    parent = os.path.dirname(stripped)
+    directory = os.path.join(save_path, parent, graph) if not os.path.isabs(stripped) \
+        else stripped
+    return graph, directory
+
+
+def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool = False,
+          non_traced: list[str] | None = None, max_cached_io: int = 5,
+          global_patching: bool = True, patching: list | None = None) -> None:
+    """Start a tracing session; artifacts go to {save_path}/{name}/.
+
+    Calling start() while a session runs resets the graph (with a warning).
+    """
+    graph, directory = _resolve_name(name, save_path)
+    if not isinstance(max_cached_io, int) or max_cached_io < 1:
+        fatal(f"leapp.start(max_cached_io=...) must be an int >= 1, got {max_cached_io!r}",
+              ValueError)
+    os.makedirs(directory, exist_ok=True)
+    was_running = _core.is_tracing()
+    if was_running:
+        _teardown_session()
+    _logging.configure(directory, verbose)
+    if was_running:
+        logger.warning("LEAPP graph interpretation is already enabled, calling start() again "
+                       "will reset the graph")
+        logger.warning("Resetting graph...")
+    if dry_run:
+        logger.info("Starting dry run mode")
+    from ._patching import Patcher
+    patcher = Patcher(global_patching, patching or [])
+    _Current.config = SessionConfig(graph, directory, verbose, dry_run,
+                                    frozenset(non_traced or ()), max_cached_io, global_patching,
+                                    [patcher])
+    _core.reset_nodes()
+    _core.set_tracing(True)
+    try:
+        patcher.install()
+    except BaseException:
+        _core.set_tracing(False)
+        raise
+
+
+def _teardown_session() -> None:
+    """Put back module buffers and patched functions; tracing off."""
+    _core.set_tracing(False)
+    for node in _core.nodes().values():
+        for tracker in info(node).trackers:
+            tracker.restore()
+    cfg = _Current.config
+    if cfg is not None:
+        for patcher in cfg.patches:
+            patcher.uninstall()
+
+
+def stop() -> None:
+    """Stop tracing; restores module buffers and patched functions."""
+    if not _core.is_tracing():
+        fatal("leapp.stop() called with no active tracing session — did you call "
+              "leapp.start()?")
+    _teardown_session()
+
+
+def _file_hashes(path: str) -> tuple[str, str]:
+    md5, sha = hashlib.md5(), hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            md5.update(chunk)
+            sha.update(chunk)
+    return md5.hexdigest(), sha.hexdigest()
+
+
+def _os_description() -> str:
+    try:
+        release = platform.freedesktop_os_release()
+        pretty = f"{release.get('NAME', '')} {release.get('VERSION_ID', '')}".strip()
+        if pretty:
+            return pretty
+    except OSError:
+        pass
+    return platform.system()
+
+
+def system_information() -> dict:
+    """The `system information` document, keys sorted."""
+    info_ = {
+        "cuda version": str(torch.version.cuda),
+        "leapp config version": __config_version__,
+        "leapp version": __version__,
+        "os": _os_description(),
+        "python version": f"{sys.version_info.major}.{sys.version_info.minor}."
+                          f"{sys.version_info.micro}",
+        "torch version": str(torch.__version__),
+        "warp version": None,
+    }
+    return dict(sorted(info_.items()))
+
+
+def _rename_port(nodes: list, node: Any, port: Any, new: str) -> None:
+    """Rename an output port and every input that names it as its source."""
+    old = port.name
+    port.name = new
+    for other in nodes:
+        for inp in other.inputs:
+            if inp.src_node is node and inp.src_port == old:
+                inp.src_port = new
+
+
+def _export_nodes(nodes: list, work_dir: str) -> dict:
+    """Export every node into work_dir; returns {node name: Exported}."""
+    from .backends import export_node
+    exported = {}
+    section(f"Discovered {len(nodes)} nodes")
+    for node in nodes:
+        node_info = info(node)
+        section(f"Compiling {node.name}")
+        inputs = [p.value for p in node.inputs]
+        try:
+            result = export_node(node.name, node_info.export_with, node_info.backend_params,
+                                 node_info.graph_module, inputs, [p.name for p in node.inputs],
+                                 [p.name for p in node.outputs], work_dir)
+        except Exception as exc:
+            fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
+        for port, name in zip(list(node.inputs), result.input_names):
+            port.name = name
+        if result.dropped_inputs:
+            kept = [p for p in node.inputs if p.name not in result.dropped_inputs]
+            node.trimmed_inputs.extend(p for p in node.inputs if p.name in result.dropped_inputs)
+            node.inputs[:] = kept
+        for port, name in zip(list(node.outputs), result.output_names):
+            if port.name != name:
+                _rename_port(nodes, node, port, name)
+        exported[node.name] = result
+        logger.info("Success\n")
+    return exported
+
+
+def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str) -> dict:
+    """The YAML entry of one node (inputs, outputs, parameters)."""
+    path = md5 = sha = backend = None
+    extra: dict = {}
+    if result is not None:
+        backend, extra = result.yaml_backend, result.parameters
+        if result.path is not None:
+            md5, sha = _file_hashes(result.path)
+            written_here = os.path.dirname(os.path.abspath(result.path)) == work_dir
+            path = os.path.basename(result.path) if written_here \
+                else os.path.relpath(result.path, bundle_dir)
+    parameters = {"model_path": path, "md5sum": md5, "sha256sum": sha, "backend": backend,
+                  "warp_segments": 0}
+    parameters.update(extra)
+    return {
+        "inputs": [_flow_entry(p.describe()) for p in node.inputs],
+        "outputs": [_flow_entry(p.describe()) for p in node.outputs],
+        "parameters": parameters,
+    }
+
+
+def _flow_entry(entry: dict) -> dict:
+    """shape (and element_names) as flow-style lists."""
+    out = dict(entry)
+    out["shape"] = tuple(out["shape"])
+    return out
+
+
+def _flow_pipeline(pipeline: dict) -> dict:
+    return {
+        key: {k: tuple(v) for k, v in value.items()} if key in (
+            "data_flow", "feedback_flow", "inputs", "outputs") else value
+        for key, value in pipeline.items()
+    }
+
+
+def _save_initial_values(nodes: list, pipeline: dict, work_dir: str, graph: str) -> str | None:
+    if not pipeline["feedback_flow"]:
+        return None
+    from safetensors.torch import save_file
+    by_key = {f"{n.name}/{p.name}": p for n in nodes for p in n.inputs}
+    tensors = {}
+    for targets in pipeline["feedback_flow"].values():
+        for key in targets:
+            tensors[key] = by_key[key].value.contiguous()
+    filename = f"{graph}_initial_values.safetensors"
+    path = os.path.join(work_dir, filename)
+    logger.info("Saving feedback initial values to %s", path)
+    save_file(tensors, path)
+    return filename
+
+
+def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
+                  dry_run: bool = False, rtol: float = 1e-3, atol: float = 1e-5,
+                  strict: bool = True, graph_configs: GraphConfigs | None = None) -> Any:
+    """Export every node, write the YAML, the initial values, the PNG and validate.
+
+    Returns {node: True | False | exception} when validating, else True.
+    """
+    if _core.is_tracing():
+        fatal("LEAPP graph interpretation is enabled. Call leapp.stop() before "
+              "leapp.compile_graph().")
+    cfg = _Current.config
+    if cfg is None:
+        fatal("leapp.compile_graph() called before leapp.start(): nothing was traced.")
+    if graph_configs is not None and not isinstance(graph_configs, GraphConfigs):
+        fatal("compile_graph(graph_configs=...) expects a GraphConfigs instance", TypeError)
+    if verbose is not None:
+        _logging.set_verbose(verbose)
+    all_nodes = list(_core.nodes().values())
+    unfinished = [n.name for n in all_nodes if n.is_tracing]
+    if unfinished:
+        fatal(f"The following nodes were created but never completed: {set(unfinished)}. Did "
+              f"you forget to call output_tensors() or finish the annotated function?")
+    nodes = sorted(all_nodes, key=lambda n: n.node_index)
+    skip_export = cfg.dry_run or dry_run
+    os.makedirs(cfg.save_dir, exist_ok=True)
+    work_dir = os.path.abspath(tempfile.mkdtemp(prefix=".leapp-", dir=cfg.save_dir))
+    try:
+        exported = {} if skip_export else _export_nodes(nodes, work_dir)
+        section("Processing Node Connections Using Traced Output Ports")
+        built = _core.build_pipeline(nodes)
+        for level, message in built["messages"]:
+            getattr(logger, level)(message)
+        pipeline: dict = {}
+        if graph_configs is not None:
+            pipeline["configs"] = graph_configs.to_yaml()
+        pipeline["data_flow"] = built["data_flow"]
+        pipeline["feedback_flow"] = built["feedback_flow"]
+        initial = None if skip_export else _save_initial_values(
+            nodes, built, work_dir, cfg.graph_name)
+        if initial is not None:
+            pipeline["initial_values"] = initial
+        pipeline["inputs"] = built["inputs"]
+        pipeline["outputs"] = built["outputs"]
+        section(f"Compiling graph parameters for {len(nodes)} nodes")
+        models = {n.name: _model_entry(n, exported.get(n.name), cfg.save_dir, work_dir)
+                  for n in nodes}
+        stats = built["statistics"]
+        section("Graph Statistics")
+        logger.info("- Computation nodes: %d", stats["computation_nodes"])
+        logger.info("- Dangling inputs: %d", stats["dangling_inputs"])
+        logger.info("- Dangling outputs: %d", stats["dangling_outputs"])
+        logger.info("- Internal connections: %d", stats["internal_connections"])
+        logger.info("- Total edges: %d", stats["total_edges"])
+        document = [{"models": models}, {"pipeline": _flow_pipeline(pipeline)},
+                    {"system information": system_information()}]
+        text = _core.emit_yaml(document)
+        with open(os.path.join(work_dir, f"{cfg.graph_name}.yaml"), "w",
+                  encoding="utf-8") as handle:
+            handle.write(text)
+        if visualize:
+            _visualize(work_dir, cfg.graph_name, models, pipeline)
+        _publish(work_dir, cfg.save_dir, cfg.graph_name)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    _Current.detected = (models, pipeline)
+    _log_artifacts(cfg, nodes, exported)
+    if skip_export or not validate:
+        return True
+    from .validation import validate_models
+    entries = [(n.name, exported[n.name].model if n.name in exported else None,
+                [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]
+    return validate_models(entries, rtol=rtol, atol=atol, strict=strict)
+
+
+def _visualize(work_dir: str, graph: str, models: dict, pipeline: dict) -> None:
+    path = os.path.join(work_dir, f"{graph}.png")
+    try:
+        from .visualization import render_pipeline
+        render_pipeline(path, graph, models, pipeline)
+        logger.info("Graph visualization saved as: %s", path)
+    except Exception as exc:  # the bundle is still useful without its picture
+        logger.error("Graph visualization failed for '%s': %s: %s", graph,
+                     type(exc).__name__, exc)
+
+
+def _publish(work_dir: str, bundle_dir: str, graph: str) -> None:
+    """Move the finished files into the bundle, the YAML last, each atomically."""
+    yaml_name = f"{graph}.yaml"
+    names = sorted(os.listdir(work_dir), key=lambda n: n == yaml_name)
+    for name in names:
+        os.replace(os.path.join(work_dir, name), os.path.join(bundle_dir, name))
+
+
+def _log_artifacts(cfg: SessionConfig, nodes: list, exported: dict) -> None:
+    directory = os.path.abspath(cfg.save_dir)
+    lines = ["LEAPP export artifacts saved:", f"Export directory: {directory}",
+             f"Graph YAML: {directory}/{cfg.graph_name}.yaml"]
+    saved = [(n.name, exported[n.name].path) for n in nodes
+             if n.name in exported and exported[n.name].path]
+    if saved:
+        lines.append("Models:")
+        lines += [f"- {name}: {os.path.join(directory, os.path.basename(path))}"
+                  for name, path in saved]
+    else:
+        lines.append("Models: none")
+    missing = [n.name for n in nodes if n.name not in dict(saved)]
+    if missing:
+        lines.append(f"Nodes without saved model artifacts: {', '.join(missing)}")
+    _logging.system("\n".join(lines))
