@@ -105,7 +105,7 @@ WRAP_MIN_LAYERS = 11
 WRAP_MIN_COLS = 4
 WRAP_MAX_COLS = 14
 TARGET_ASPECT = 1.6
-SUPERSAMPLE_MAX_PIXELS = 14_000_000
+SUPERSAMPLE_MAX_PIXELS = 8_000_000
 MAX_SIDE = 16000
 
 FONT_SIZES = {
@@ -1285,8 +1285,10 @@ def _finish(image: Image.Image, width: int, height: int) -> Image.Image:
     factor = min(1.0, MAX_SIDE / max(width, height))
     if factor < 1.0:
         logger.warning("graph picture %dx%d exceeds %d px; scaled by %.2f", width, height, MAX_SIDE, factor)
-    size = (max(1, round(width * factor)), max(1, round(height * factor)))
-    if image.size != size:
+    if image.size != (width, height):
+        image = image.reduce(image.width // width)  # box-average the supersampled pixels
+    if factor < 1.0:
+        size = (max(1, round(width * factor)), max(1, round(height * factor)))
         image = image.resize(size, Image.Resampling.LANCZOS)
     return image
 
@@ -1297,7 +1299,7 @@ def _write_png(image: Image.Image, png_path: str) -> None:
     os.makedirs(directory, exist_ok=True)
     tmp = f"{png_path}.tmp-{os.getpid()}"
     try:
-        image.save(tmp, format="PNG", optimize=False, compress_level=9)
+        image.save(tmp, format="PNG", optimize=False, compress_level=6)
         os.replace(tmp, png_path)
     finally:
         if os.path.exists(tmp):
