@@ -389,6 +389,7 @@ class Item:
     order: int = 0
     x: float = 0.0
     y: float = 0.0
+    col_right: float = 0.0  # right edge of the item's column
 
     def in_port_names(self) -> list[str]:
         if self.kind == "node":
@@ -827,6 +828,7 @@ def _place_x(layers: Sequence[Sequence[Item]], grid: Grid) -> None:
                 item.x = grid.col_x[c]
             if item.kind == "dummy":
                 item.width = grid.col_w[c]
+            item.col_right = grid.col_x[c] + grid.col_w[c]
 
 
 def _spread(row: Sequence[Item], desired: Sequence[float]) -> None:
@@ -839,7 +841,7 @@ def _spread(row: Sequence[Item], desired: Sequence[float]) -> None:
     for i in range(n - 1, -1, -1):
         up[i] = desired[i] if i == n - 1 else min(desired[i], up[i + 1] - row[i].height - ROW_GAP)
     for i in range(n):
-        row[i].y = (down[i] + up[i]) / 2
+        row[i].y = math.floor((down[i] + up[i]) / 2)  # integral, so aligned ports stay aligned
 
 
 def _desired_tops(row: Sequence[Item], links: Sequence[Link], side: str) -> list[float]:
@@ -854,7 +856,7 @@ def _desired_tops(row: Sequence[Item], links: Sequence[Link], side: str) -> list
             own, other = link.src, link.dst
             offset = link.src.out_anchor(link.src_port)[1] - own.y
             wanted.setdefault(id(own), []).append(other.in_anchor(link.dst_port)[1] - offset)
-    return [sum(wanted[id(i)]) / len(wanted[id(i)]) if id(i) in wanted else i.y for i in row]
+    return [round(sum(wanted[id(i)]) / len(wanted[id(i)])) if id(i) in wanted else i.y for i in row]
 
 
 def _place_band_y(band_layers: Sequence[Sequence[Item]], links: Sequence[Sequence[Link]]) -> float:
@@ -963,7 +965,12 @@ def _chain_points(chain: Chain, wraps: Mapping[int, Wrap], grid: Grid) -> list[P
     for link in chain.links:
         start = link.src.out_anchor(link.src_port)
         end = link.dst.in_anchor(link.dst_port)
-        seg = _wrap_points(wraps[id(link)], grid) if id(link) in wraps else _bezier(start, end)
+        if id(link) in wraps:
+            seg = _wrap_points(wraps[id(link)], grid)
+        else:
+            # leave a card narrower than its column straight, so the curve stays in the gap
+            stub = [start] if start[0] >= link.src.col_right else [start, (link.src.col_right, start[1])]
+            seg = stub[:-1] + _bezier(stub[-1], end)
         pts.extend(seg if not pts else seg[1:])
         if link.dst.kind == "dummy":
             pts.append(link.dst.out_anchor(""))
