@@ -302,9 +302,9 @@ program_dealloc(ProgramObject *self)
 static PyObject *
 program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
-                             "results", "commits", "input_index", "slot_keys",
-                             "shapes", "dtypes", "graph_inputs", NULL};
+    char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
+                      "results", "commits", "input_index", "slot_keys",
+                      "shapes", "dtypes", "graph_inputs", NULL};
     PyObject *names, *calls, *inputs, *noutputs, *dests, *results, *commits;
     PyObject *index, *keys, *shapes, *dtypes, *ginputs;
     PyObject *seq = NULL, *counts = NULL;
@@ -385,10 +385,7 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
     /* argument slots */
     if (read_groups(inputs, self->nslots, &self->in_off, &self->in_slot,
-                    "inputs must be a sequence of slot sequences") < 0) {
-        goto error;
-    }
-    if (self->in_off[0] != 0 || PyObject_Length(inputs) != n) {
+                    "inputs must be a sequence of slot sequences") != n) {
         if (!PyErr_Occurred()) {
             PyErr_Format(PyExc_ValueError, "inputs: expected %zd entries", n);
         }
@@ -731,7 +728,7 @@ program_run(ProgramObject *self, PyObject *inputs)
             Py_XSETREF(self->slots[self->commit_to[i]], v);
         }
     }
-    out = _PyDict_NewPresized(self->nresults);
+    out = PyDict_New();
     if (out == NULL) {
         goto error;
     }
