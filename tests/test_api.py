@@ -277,7 +277,7 @@ def test_method_on_bound_methods_and_no_grad(bundle):
     assert leapp.compile_graph(visualize=False) == {"act": True}
     spec = bundle.yaml("g")["models"]["act"]
     assert [p["name"] for p in spec["inputs"]] == ["obs", "bias"]
-    assert [p["name"] for p in spec["outputs"]] == ["output0", "output1"]
+    assert [p["name"] for p in spec["outputs"]] == ["output1", "output2"]
 
 
 def test_method_chain_with_traced_nodes(bundle):
@@ -291,7 +291,7 @@ def test_method_chain_with_traced_nodes(bundle):
     annotate.output_tensors("policy", {"action": torch.tanh(h)}, export_with="jit")
     leapp.stop()
     leapp.compile_graph(visualize=False)
-    assert bundle.yaml("g")["pipeline"]["data_flow"] == {"normalise/output0": ["policy/features"]}
+    assert bundle.yaml("g")["pipeline"]["data_flow"] == {"normalise/output1": ["policy/features"]}
 
 
 # ---- provenance --------------------------------------------------------------

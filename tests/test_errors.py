@@ -127,7 +127,7 @@ def test_duplicate_port_name(bundle, where):
         if where == "inputs":
             annotate.input_tensors("n", {"x": torch.ones(2)})
         else:
-            annotate.output_tensors("n", {"x": x + 1})
+            annotate.output_tensors("n", {"y": x + 1}, static_outputs={"y": torch.ones(2)})
     assert "Each input/output must have a unique name" in str(info.value)
 
 
