@@ -65,6 +65,8 @@ typedef struct {
     PyObject *str_clone;
     PyObject *str_detach;
 
+    int same_layout;          /* TracedTensor and Tensor instances share a layout */
+
     /* Session. */
     int tracing;              /* between leapp.start() and leapp.stop() */
     PyObject *nodes;          /* dict: name -> Node, creation order */

@@ -54,6 +54,16 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
     Py_XSETREF(st->annotate_error, Py_NewRef(err));
+    st->same_layout = 0;
+    if (PyType_Check(traced) && PyType_Check(tensor)) {
+        PyTypeObject *a = (PyTypeObject *)traced, *b = (PyTypeObject *)tensor;
+        st->same_layout = PyType_IsSubtype(a, b) && a->tp_basicsize == b->tp_basicsize
+                          && a->tp_itemsize == b->tp_itemsize
+                          && a->tp_dictoffset == b->tp_dictoffset
+                          && a->tp_weaklistoffset == b->tp_weaklistoffset
+                          && (a->tp_flags & Py_TPFLAGS_HEAPTYPE)
+                          && (b->tp_flags & Py_TPFLAGS_HEAPTYPE);
+    }
     PyDict_Clear(st->op_kinds);
     Py_RETURN_NONE;
 }

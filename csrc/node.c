@@ -185,7 +185,8 @@ int
 carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
                PyObject *port, int declared)
 {
-    int rc;
+    int rc = -1;
+    PyObject **dictptr = _PyObject_GetDictPtr(obj);
     CarrierObject *c = PyObject_GC_New(CarrierObject, st->carrier_type);
     if (c == NULL) {
         return -1;
@@ -196,7 +197,18 @@ carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
     c->vid = vid;
     c->declared = declared;
     PyObject_GC_Track(c);
-    rc = PyObject_SetAttr(obj, st->str_carrier, (PyObject *)c);
+    if (dictptr == NULL) {
+        rc = PyObject_SetAttr(obj, st->str_carrier, (PyObject *)c);
+        goto done;
+    }
+    if (*dictptr == NULL) {
+        *dictptr = PyDict_New(); /* the instance dict, owned by obj */
+        if (*dictptr == NULL) {
+            goto done;
+        }
+    }
+    rc = PyDict_SetItem(*dictptr, st->str_carrier, (PyObject *)c);
+done:
     Py_DECREF(c);
     return rc;
 }
@@ -204,7 +216,16 @@ carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
 int
 carrier_promote(leapp_state *st, PyObject *obj)
 {
-    if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type) {
+    PyTypeObject *traced = (PyTypeObject *)st->traced_type;
+    if (Py_TYPE(obj) == traced) {
+        return 0;
+    }
+    if (st->same_layout && Py_TYPE(obj) == (PyTypeObject *)st->tensor_type) {
+        /* What `obj.__class__ = TracedTensor` does, without re-proving on
+         * every op what _bind proved once: the two layouts are identical. */
+        Py_INCREF(traced);
+        Py_SET_TYPE(obj, traced);
+        Py_DECREF(st->tensor_type); /* the instance's reference to its old type */
         return 0;
     }
     return PyObject_SetAttr(obj, st->str_class, st->traced_type);
