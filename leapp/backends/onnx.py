@@ -62,7 +62,8 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     opset = default_opset() if opset is None else int(opset)
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
         if name == "onnx-dynamo":
-            proto = _export_dynamo(module, inputs, input_names, output_names, opset, params)
+            proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
+                                   params)
         else:
             proto = _export_torchscript(module, inputs, input_names, output_names, opset,
                                         params, os.path.join(tmp, "model.onnx"))
@@ -86,14 +87,76 @@ def _verbose() -> bool:
     return bool(cfg is not None and cfg.verbose)
 
 
-def _export_dynamo(module: torch.nn.Module, inputs: tuple, input_names: list[str],
-                   output_names: list[str], opset: int, params: dict) -> Any:
+def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
+                   input_names: list[str], output_names: list[str], opset: int,
+                   params: dict) -> Any:
+    """torch.onnx.export(dynamo=True), then name the graph's inputs and outputs.
+
+    The names are set here rather than by the exporter, which renames values in
+    place and so can collide with the exporter's own value names (an output
+    called 'add' or 'gt' next to the Add / Greater node's result).
+    """
     program = torch.onnx.export(
-        module, inputs, None, dynamo=True, verbose=_verbose(), input_names=input_names,
-        output_names=output_names, opset_version=opset,
+        module, inputs, None, dynamo=True, verbose=_verbose(), opset_version=opset,
         verify=bool(params.get("verify", False)), optimize=bool(params.get("optimize", True)),
         report=bool(params.get("report", False)))
+    placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+    _name_ir_graph(node, program.model.graph, placeholders, input_names, output_names)
     return program.model_proto
+
+
+def _name_ir_graph(node: str, graph: Any, placeholders: list[str], input_names: list[str],
+                   output_names: list[str]) -> None:
+    """Give the onnx_ir graph's inputs and outputs the node's port names."""
+    import onnx_ir as ir
+
+    graph_inputs = list(graph.inputs)
+    if len(graph_inputs) == len(input_names):  # every input kept: positional
+        wanted = dict(zip(graph_inputs, input_names))
+    else:
+        by_placeholder = dict(zip(placeholders, input_names))
+        unknown = [v.name for v in graph_inputs if v.name not in by_placeholder]
+        if unknown:
+            missing = [n for p, n in by_placeholder.items()
+                       if p not in {v.name for v in graph_inputs}]
+            _renamed_error(node, missing, unknown)
+        wanted = {v: by_placeholder[v.name] for v in graph_inputs}
+    if len(graph.outputs) != len(output_names):
+        raise RuntimeError(f"[{node}] ONNX export produced {len(graph.outputs)} outputs but the "
+                           f"node declares {len(output_names)}: {output_names}")
+    for index, value in enumerate(list(graph.outputs)):
+        if value in wanted:  # an input returned as is, or one value returned twice
+            identity = ir.Node("", "Identity", inputs=[value], num_outputs=1)
+            graph.append(identity)
+            value = identity.outputs[0]
+            graph.outputs[index] = value
+        wanted[value] = output_names[index]
+    names: dict[str, Any] = {}
+    for value in list(graph.inputs) + list(graph.initializers.values()):
+        names[value.name] = value
+    for ir_node in ir.traversal.RecursiveGraphIterator(graph):
+        for value in ir_node.outputs:
+            names[value.name] = value
+    for value, name in wanted.items():
+        holder = names.get(name)
+        if holder is not None and holder is not value:
+            k = 1
+            while f"{name}_{k}" in names:
+                k += 1
+            names.pop(name)
+            holder.name = f"{name}_{k}"
+            names[holder.name] = holder
+        names.pop(value.name, None)
+        value.name = name
+        names[name] = value
+
+
+def _renamed_error(node: str, missing: list[str], renamed: list[str]) -> None:
+    raise RuntimeError(
+        f"[{node}] ONNX export renamed inputs: {missing} became {renamed}. This typically "
+        f"happens with identity/passthrough functions with onnx-dynamo: an input returned "
+        f"unchanged takes the output's name. Compute the output from the input (e.g. "
+        f"x.clone()) or export this node with export_with='onnx-torchscript' or 'jit'.")
 
 
 def _export_torchscript(module: torch.nn.Module, inputs: tuple, input_names: list[str],
@@ -132,12 +195,7 @@ def _sync_inputs(node: str, proto: Any, input_names: list[str]) -> list[str]:
     actual = _graph_inputs(proto)
     renamed = [n for n in actual if n not in input_names]
     if renamed:
-        missing = [n for n in input_names if n not in actual]
-        raise RuntimeError(
-            f"[{node}] ONNX export renamed inputs: {missing} became {renamed}. This typically "
-            f"happens with identity/passthrough functions with onnx-dynamo: an input returned "
-            f"unchanged takes the output's name. Compute the output from the input (e.g. "
-            f"x.clone()) or export this node with export_with='onnx-torchscript' or 'jit'.")
+        _renamed_error(node, [n for n in input_names if n not in actual], renamed)
     dropped = [n for n in input_names if n not in actual]
     if dropped:
         logger.warning("[%s] ONNX export optimized away %d inputs: %s. They do not affect the "
