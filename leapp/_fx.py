@@ -75,11 +75,15 @@ class _Builder:
         if kwargs.get("inplace") is True:
             kwargs = dict(kwargs, inplace=False)
         name = getattr(func, "__name__", "") or ""
+        if func is torch.Tensor.__pow__:  # a torch._tensor wrapper named 'pow'
+            return self.graph.call_function(operator.pow, args, kwargs)
         if name.startswith("__") and name.endswith("__") and name != "__get__":
             core = name[2:-2]
-            reflected = core.startswith("r") and core[1:] in BINARY_OPERATORS
+            # Tensor.__rtruediv__ is __rdiv__: map the dunder spellings to operator's.
+            aliases = {"and": "and_", "or": "or_", "div": "truediv"}
+            reflected = core.startswith("r") and aliases.get(core[1:], core[1:]) in BINARY_OPERATORS
             key = core[1:] if reflected else core
-            key = {"and": "and_", "or": "or_"}.get(key, key)
+            key = aliases.get(key, key)
             if key in BINARY_OPERATORS:
                 target = BINARY_OPERATORS[key]
                 if reflected:
