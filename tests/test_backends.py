@@ -561,6 +561,7 @@ def test_byom_reference(tmp_path, suffix, backend, caplog):
     import hashlib
     assert params["sha256sum"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert not (tmp_path / "bundles" / "byom" / f"affine{suffix}").exists()
+    assert f"- own: {path}" in caplog.text  # the artifact summary names the real file
 
 
 def test_byom_copy_original_model(tmp_path):
