@@ -55,6 +55,24 @@ def _modules() -> dict:
 MODS = _modules()
 W = torch.randn(4, 5, generator=torch.Generator().manual_seed(7))
 
+def _inplace_operators(x, y):
+    z = x * 1.0
+    z += y
+    z *= 2.0
+    z /= 4.0
+    z **= 2
+    z -= 1.0
+    return z
+
+
+def _inplace_methods(x, y):
+    z = y * 1.0
+    z.add_(x)
+    z.mul_(0.5)
+    z.clamp_(-1.0, 1.0)
+    return z
+
+
 ARITH = {
     "add": lambda x, y: x + y,
     "sub": lambda x, y: x - y,
@@ -91,6 +109,8 @@ ARITH = {
     "le_scalar": lambda x, y: x <= 0.1,
     "logical_and": lambda x, y: torch.logical_and(x > 0, y > 0),
     "addcmul": lambda x, y: torch.addcmul(x, x, y, value=0.5),
+    "inplace_operators": _inplace_operators,
+    "inplace_methods": _inplace_methods,
 }
 
 SHAPES = {
