@@ -15,7 +15,6 @@ import leapp
 from leapp import _logging, annotate
 from leapp.validation import REENTRY_HINT, validate_models
 
-from _yaml_fallback import yaml_emitter  # noqa: F401  (autouse fixture)
 
 X0 = torch.tensor([[-1.0, 0.5, 2.0], [3.0, -0.25, 1.5]])
 
