@@ -35,6 +35,8 @@ def _name(func: Any) -> str:
 def functional_twin(func: Any) -> Callable | None:
     """The out-of-place function computing what the in-place func writes."""
     name = _name(func)
+    if func is torch.Tensor.__ipow__:  # a torch._tensor wrapper named 'pow_'
+        return torch.Tensor.__pow__
     if name in _INPLACE_DUNDERS:
         return getattr(torch.Tensor, _INPLACE_DUNDERS[name])
     if func is torch.Tensor.__setitem__:

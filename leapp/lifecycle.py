@@ -323,8 +323,12 @@ def _log_artifacts(cfg: SessionConfig, nodes: list, exported: dict) -> None:
              if n.name in exported and exported[n.name].path]
     if saved:
         lines.append("Models:")
-        lines += [f"- {name}: {os.path.join(directory, os.path.basename(path))}"
-                  for name, path in saved]
+        # Files written in the (now removed) work dir moved into the bundle; a
+        # referenced BYOM file stays where it is.
+        for name, path in saved:
+            shown = os.path.abspath(path) if os.path.exists(path) \
+                else os.path.join(directory, os.path.basename(path))
+            lines.append(f"- {name}: {shown}")
     else:
         lines.append("Models: none")
     missing = [n.name for n in nodes if n.name not in dict(saved)]

@@ -1,0 +1,69 @@
+"""Bring your own model: export_with=None, optionally backend_params["model_path"].
+
+Without a model path the node is described in the YAML only (null model path
+and backend).  With one, the pre-compiled file is referenced (or copied into
+the bundle with copy_original_model=True) and loaded in its runtime so that
+validation runs it against the traced values.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from .._logging import logger
+from . import Exported
+
+# file suffix -> YAML backend
+SUFFIX_BACKENDS = {".pt": "jit", ".onnx": "onnx", ".pt2": "pt2"}
+
+
+def load_model(path: str) -> Any:
+    """The model at path, callable with torch tensors, in the runtime its suffix names."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".pt":
+        return torch.jit.load(path, map_location="cpu").eval()
+    if suffix == ".onnx":
+        from .onnx import OnnxRuntimeModel
+        return OnnxRuntimeModel(path)
+    if suffix == ".pt2":
+        return torch.export.load(path).module()
+    raise ValueError(f"Unsupported model file suffix: {suffix or '(none)'}")
+
+
+def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModule,
+           example_inputs: list[torch.Tensor], input_names: list[str],
+           output_names: list[str], out_dir: str) -> Exported:
+    """Reference (or copy) the user's model file; nothing is exported."""
+    model_path = params.get("model_path")
+    if model_path is None:
+        logger.warning("No model path provided for %s", node)
+        logger.warning("if this is intentional, please provide a path to the correct model in "
+                       "the generated yaml file (models/%s/parameters/model_path and backend), "
+                       "or pass export_with=... or backend_params={'model_path': ...} to "
+                       "output_tensors() for node %s", node, node)
+        return Exported(model=None, path=None, yaml_backend=None, input_names=input_names,
+                        output_names=output_names)
+    model_path = os.fspath(model_path)
+    suffix = os.path.splitext(model_path)[1].lower()
+    backend = SUFFIX_BACKENDS.get(suffix)
+    if backend is None:
+        raise ValueError(
+            f"[{node}] Unsupported model file suffix: {suffix or '(none)'} in model_path "
+            f"{model_path!r}; use one of {sorted(SUFFIX_BACKENDS)} (TorchScript .pt, ONNX "
+            f".onnx, torch.export .pt2)")
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"[{node}] Model file not found at {model_path} "
+                                f"(backend_params['model_path'], resolved to "
+                                f"{os.path.abspath(model_path)})")
+    path = os.path.abspath(model_path)
+    if params.get("copy_original_model"):
+        copied = os.path.join(out_dir, os.path.basename(path))
+        shutil.copy2(path, copied)
+        if suffix == ".onnx" and os.path.isfile(path + ".data"):
+            shutil.copy2(path + ".data", copied + ".data")
+        path = copied
+    return Exported(model=load_model(path), path=path, yaml_backend=backend,
+                    input_names=input_names, output_names=output_names)
