@@ -336,6 +336,8 @@ class SessionAPI:
 
     def _reenter_outputs(self, node: Any, leaves: list[Leaf]) -> None:
         node_info = info(node)
+        for tracker in node_info.trackers:
+            tracker.collect_reentry(self, node)
         for leaf in leaves:
             port = self._find_port(node, leaf.name, outputs=True)
             self._check_same(node, port, leaf)
@@ -439,6 +441,9 @@ class SessionAPI:
         from ._buffers import BufferTracker
         node = self._existing("module", node_name)
         if not node.is_tracing:
+            for tracker in info(node).trackers:
+                if tracker.model is model:
+                    tracker.reenter(self, node)
             return None
         tracker = BufferTracker(model, buffer_names)
         tracker.inject(self, node)
