@@ -81,8 +81,11 @@ def _describe(value: torch.Tensor) -> tuple[str, tuple]:
     return _core.dtype_name(value), tuple(int(s) for s in value.shape)
 
 
-def _shape_text(port: Any) -> str:
-    return f"{{name: {port.name}, dtype: {port.dtype}, shape: {list(port.shape)}}}"
+def _shape_text(name: str, dtype: str, shape: tuple, semantics: dict | None = None) -> str:
+    """A port description for messages: name, dtype, shape and semantic fields."""
+    fields = [f"name: {name}", f"dtype: {dtype}", f"shape: {list(shape)}"]
+    fields += [f"{key}: {value}" for key, value in (semantics or {}).items()]
+    return "{" + ", ".join(fields) + "}"
 
 
 def _port_names(node: Any) -> list[str]:
@@ -186,10 +189,12 @@ class SessionAPI:
         semantics = leaf.semantics
         if dtype != port.dtype or shape != tuple(port.shape) or (
                 semantics is not None and semantics != port.semantics):
-            new = f"{{name: {leaf.name}, dtype: {dtype}, shape: {list(shape)}}}"
+            old = _shape_text(port.name, port.dtype, port.shape, port.semantics)
+            new = _shape_text(leaf.name, dtype, shape,
+                              semantics if semantics is not None else port.semantics)
             fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
                   f"{node.name} with new i/o {leaf.name} \nbut the description has changed "
-                  f"from {_shape_text(port)} to {new}.\nThis can happen if some dynamic "
+                  f"from {old} to {new}.\nThis can happen if some dynamic "
                   f"behavior is not captured by the annotations")
 
     def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:

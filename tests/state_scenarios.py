@@ -276,10 +276,29 @@ def mirror_copy(out):
     _compile()
 
 
+def overwrite_copy(out):
+    """Full overwrites keep provenance without mirror_leapp_tags; partial ones do not."""
+    leapp.start("overwrite_copy", save_path=out)
+    full, copied, ellipsis, partial = (torch.zeros(2) for _ in range(4))
+    cast = torch.zeros(2, dtype=torch.float64)
+    x = annotate.input_tensors("a", {"x": torch.ones(2)})
+    y = annotate.output_tensors("a", {"y": x * 3.0}, export_with="jit")
+    full[:] = y
+    copied.copy_(y)
+    ellipsis[...] = y
+    partial[:1] = y[:1]
+    cast.copy_(y)
+    for name, value in (("full", full), ("copied", copied), ("ellipsis", ellipsis),
+                        ("partial", partial), ("cast", cast)):
+        z = annotate.input_tensors(f"b_{name}", {"z": value})
+        annotate.output_tensors(f"b_{name}", {"w": z + 1.0}, export_with="jit")
+    _compile()
+
+
 SCENARIOS = [counter, unupdated_state, history, three_states, state_loop, register_buffer,
              gru_module, lstm_module, partial_module, filtered_module, nested_module,
              two_node_loop, three_node_loop, diamond_loop, two_loops, interleaved_forward,
-             mirror_copy]
+             mirror_copy, overwrite_copy]
 
 
 def main(out, names):
