@@ -381,8 +381,12 @@ class SessionAPI:
             replaced = {}
             for leaf in flatten(values, fields):
                 if leaf.name in node_info.states:
-                    logger.warning("State '%s' of node '%s' is already declared.", leaf.name,
-                                   node.name)
+                    logger.warning("State '%s' of node '%s' is already declared; the existing "
+                                   "state value is returned.", leaf.name, node.name)
+                    port = node_info.states[leaf.name]
+                    existing = alias(clone_plain(port.value))
+                    _core.set_carrier(existing, node, port.vid, None, True)
+                    replaced[leaf.path] = existing
                     continue
                 traced = self._new_input(node, leaf, state=True)
                 node_info.states[leaf.name] = node.inputs[-1]
@@ -450,6 +454,8 @@ class SessionAPI:
                 if tracker.model is model:
                     tracker.reenter(self, node)
             return None
+        if any(tracker.model is model for tracker in info(node).trackers):
+            return None  # already tracked by this node
         tracker = BufferTracker(model, buffer_names)
         tracker.inject(self, node)
         info(node).trackers.append(tracker)

@@ -138,6 +138,27 @@ def test_state_loop_traces_once_and_caches_samples(tmp_path):
     assert doc["pipeline"]["feedback_flow"] == {"policy/last_action": ["policy/last_action"]}
 
 
+def test_duplicate_state_and_module_declarations(tmp_path):
+    leapp.start("duplicates", save_path=str(tmp_path))
+    obs = annotate.input_tensors("policy", {"obs": torch.ones(1, 3)})
+    h = annotate.state_tensors("policy", {"h": torch.zeros(1, 3)})
+    again = annotate.state_tensors("policy", {"h": torch.full((1, 3), 9.0)})
+    assert torch.equal(again, torch.zeros(1, 3))  # the declared state, not the new tensor
+    model = sc.PartialState()
+    annotate.module("policy", model)
+    annotate.module("policy", model)  # tracked once
+    h2 = again + obs + model(obs)
+    annotate.update_state("policy", {"h": h2})
+    annotate.output_tensors("policy", {"y": h2 * 2.0}, export_with="jit")
+    compile_quiet()
+    doc = load_yaml(_bundle(tmp_path, "duplicates"), "duplicates")
+    assert [p["name"] for p in doc["models"]["policy"]["inputs"]] == [
+        "obs", "h", "running_mean", "step_count"]
+    assert sorted(doc["pipeline"]["feedback_flow"]) == [
+        "policy/h", "policy/running_mean", "policy/step_count"]
+    assert h is not None
+
+
 def test_state_errors(tmp_path):
     leapp.start("errors", save_path=str(tmp_path))
     with pytest.raises(Exception, match="input_tensors"):
