@@ -25,14 +25,19 @@ demo: build
 	$(PY) examples/getting_started.py
 
 test: build
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -p no:warnings tests
 
-# ASan + UBSan build of the core, then the C-level tests and a leak check.
+# ASan + UBSan build of the core, then the C-level tests (reference leaks) and
+# the tracing tests under the sanitizers; the normal build is restored after.
+SANITIZER_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)
 test-asan: setup
 	LEAPP_SANITIZE=1 $(PY) setup.py -q build_ext --inplace --force
-	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
-		$(PY) -m pytest -q tests/c
-	$(PY) setup.py -q build_ext --inplace --force
+	LD_PRELOAD="$(SANITIZER_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 \
+		$(PY) -m pytest -q -p no:warnings --confcutdir=tests/c tests/c \
+	&& LD_PRELOAD="$(SANITIZER_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 \
+		$(PY) -m pytest -q -p no:warnings tests/test_api.py tests/test_errors.py \
+		tests/test_ops_jit.py; status=$$?; \
+	$(PY) setup.py -q build_ext --inplace --force; exit $$status
 
 bench: build
 	$(PY) bench/run.py $(if $(UPSTREAM),--upstream $(UPSTREAM),)

@@ -8,7 +8,8 @@ sanitize = os.environ.get("LEAPP_SANITIZE") == "1"
 extra_compile = ["-Wall", "-Wextra", "-Werror", "-std=c11", "-O2"]
 extra_link = ["-lyaml"]
 if sanitize:
-    extra_compile += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+    extra_compile += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                      "-fno-sanitize-recover=undefined"]
     extra_link += ["-fsanitize=address,undefined"]
 
 setup(

@@ -81,9 +81,17 @@ static PyObject *
 module_reset_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     leapp_state *st = leapp_get_state(module);
-    PyObject *fresh = PyDict_New();
+    PyObject *fresh = PyDict_New(), *key, *value;
+    Py_ssize_t pos = 0;
     if (fresh == NULL) {
         return NULL;
+    }
+    /* Close nodes a failed session left open: tensors still carrying them
+     * must not record into a forgotten node. */
+    while (st->nodes != NULL && PyDict_Next(st->nodes, &pos, &key, &value)) {
+        if (PyObject_TypeCheck(value, st->node_type)) {
+            ((NodeObject *)value)->state = NODE_DONE;
+        }
     }
     Py_XSETREF(st->nodes, fresh);
     st->next_index = 0;

@@ -1,10 +1,870 @@
-/* runtime.c: the compiled step program behind InferenceManager (placeholder). */
+/* runtime.c: the compiled step program behind InferenceManager.
+ *
+ * InferenceManager resolves the YAML once into integer slots: one slot per
+ * node input, one per graph output, and a staging slot for each feedback
+ * edge whose producer would otherwise run before its consumer.  A Program
+ * holds, in run order, each node's callable, the slots it reads, and for
+ * each of its outputs the slots the value is routed to.  run(inputs) then
+ * does the per-step work without touching Python dicts per node:
+ *
+ *   1. validate every entry of `inputs` ("node/input" -> tensor) against the
+ *      precomputed shape tuple and dtype object of its slot, then store
+ *      the tensors by reference;
+ *   2. for each node: call it with its slot values, unwrap a single output,
+ *      check the output count, store each output into its first
+ *      destination (the tensor itself) and a `clone()` into every further
+ *      destination;
+ *   3. move staged feedback values into their targets;
+ *   4. return a new dict {"node/output": tensor} of the graph outputs.
+ *
+ * Feedback needs no special casing: a feedback target belongs to a node
+ * that runs before the producer, so the value written this step is read on
+ * the next one.
+ */
 #include "leapp.h"
+
+/* Arguments of most nodes fit on the C stack. */
+#define SMALL_ARGS 8
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nslots;
+    PyObject **slots;        /* owned value per slot, or NULL */
+    Py_ssize_t nnodes;
+    PyObject **calls;        /* owned callable per node, run order */
+    Py_ssize_t *in_off;      /* nnodes + 1 offsets into in_slot */
+    Py_ssize_t *in_slot;     /* slots read by the nodes, concatenated */
+    Py_ssize_t *out_off;     /* nnodes + 1 offsets into dst_off */
+    Py_ssize_t *dst_off;     /* noutputs + 1 offsets into dst_slot */
+    Py_ssize_t *dst_slot;    /* destination slots of every output */
+    Py_ssize_t nresults;
+    PyObject **result_keys;  /* owned str "node/output" per graph output */
+    Py_ssize_t *result_slot;
+    Py_ssize_t ncommits;
+    Py_ssize_t *commit_from; /* staging slot */
+    Py_ssize_t *commit_to;   /* feedback target slot */
+    PyObject *names;         /* tuple[str]: node names, run order */
+    PyObject *input_index;   /* dict: "node/input" -> int slot */
+    PyObject *slot_keys;     /* tuple[str]: a readable name per slot */
+    PyObject *shapes;        /* tuple: expected shape tuple per slot, or None */
+    PyObject *dtypes;        /* tuple: expected dtype per slot, or None */
+    PyObject *graph_inputs;  /* list[str]: the graph inputs, for errors */
+} ProgramObject;
+
+/* ---- construction helpers -------------------------------------------- */
+
+/* Slot index from obj, checked against nslots; -1 with an exception. */
+static Py_ssize_t
+slot_index(PyObject *obj, Py_ssize_t nslots)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(obj);
+    if (i == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (i < 0 || i >= nslots) {
+        PyErr_Format(PyExc_ValueError, "slot index %zd out of range [0, %zd)",
+                     i, nslots);
+        return -1;
+    }
+    return i;
+}
+
+/* Read a sequence of sequences of slot indices into a flat array with
+ * offsets.  *off gets count + 1 entries, *flat the concatenation.  Returns
+ * the number of inner sequences, or -1 with an exception. */
+static Py_ssize_t
+read_groups(PyObject *groups, Py_ssize_t nslots, Py_ssize_t **off,
+            Py_ssize_t **flat, const char *what)
+{
+    PyObject *outer = NULL, *inner = NULL;
+    Py_ssize_t n, i, j, total = 0, count = -1;
+    outer = PySequence_Fast(groups, what);
+    if (outer == NULL) {
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(outer);
+    for (i = 0; i < n; i++) {
+        /* borrowed from outer */
+        Py_ssize_t len = PyObject_Length(PySequence_Fast_GET_ITEM(outer, i));
+        if (len < 0) {
+            goto done;
+        }
+        total += len;
+    }
+    *off = PyMem_New(Py_ssize_t, n + 1);
+    *flat = PyMem_New(Py_ssize_t, total > 0 ? total : 1);
+    if (*off == NULL || *flat == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    total = 0;
+    for (i = 0; i < n; i++) {
+        (*off)[i] = total;
+        /* item borrowed from outer */
+        inner = PySequence_Fast(PySequence_Fast_GET_ITEM(outer, i), what);
+        if (inner == NULL) {
+            goto done;
+        }
+        for (j = 0; j < PySequence_Fast_GET_SIZE(inner); j++) {
+            Py_ssize_t s = slot_index(PySequence_Fast_GET_ITEM(inner, j), nslots);
+            if (s < 0) {
+                goto done;
+            }
+            (*flat)[total++] = s;
+        }
+        Py_CLEAR(inner);
+    }
+    (*off)[n] = total;
+    count = n;
+done:
+    Py_XDECREF(inner);
+    Py_XDECREF(outer);
+    return count;
+}
+
+/* Read a sequence of 2-item sequences (a, b) into two arrays; the first
+ * item is a slot index when first_is_slot, else any object kept in *objs.
+ * Returns the count or -1 with an exception. */
+static Py_ssize_t
+read_pairs(PyObject *pairs, Py_ssize_t nslots, PyObject ***objs,
+           Py_ssize_t **first, Py_ssize_t **second, const char *what)
+{
+    PyObject *seq = NULL;
+    Py_ssize_t n, i, count = -1;
+    seq = PySequence_Fast(pairs, what);
+    if (seq == NULL) {
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (objs != NULL) {
+        *objs = PyMem_New(PyObject *, n > 0 ? n : 1);
+        if (*objs == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (i = 0; i < n; i++) {
+            (*objs)[i] = NULL;
+        }
+    }
+    else {
+        *first = PyMem_New(Py_ssize_t, n > 0 ? n : 1);
+        if (*first == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    *second = PyMem_New(Py_ssize_t, n > 0 ? n : 1);
+    if (*second == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(seq, i); /* borrowed */
+        PyObject *a, *b;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_Format(PyExc_TypeError, "%s: expected 2-tuples, got %R",
+                         what, pair);
+            goto done;
+        }
+        a = PyTuple_GET_ITEM(pair, 0); /* borrowed */
+        b = PyTuple_GET_ITEM(pair, 1); /* borrowed */
+        if (objs != NULL) {
+            (*objs)[i] = Py_NewRef(a);
+        }
+        else if (((*first)[i] = slot_index(a, nslots)) < 0) {
+            goto done;
+        }
+        if (((*second)[i] = slot_index(b, nslots)) < 0) {
+            goto done;
+        }
+    }
+    count = n;
+done:
+    if (count < 0 && objs != NULL && *objs != NULL) {
+        /* the caller only owns the objects of a complete read */
+        for (i = 0; seq != NULL && i < PySequence_Fast_GET_SIZE(seq); i++) {
+            Py_CLEAR((*objs)[i]);
+        }
+    }
+    Py_XDECREF(seq);
+    return count;
+}
+
+static PyObject *
+tuple_of(PyObject *obj, Py_ssize_t expected, const char *what)
+{
+    PyObject *t = PySequence_Tuple(obj);
+    if (t != NULL && expected >= 0 && PyTuple_GET_SIZE(t) != expected) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd entries, got %zd",
+                     what, expected, PyTuple_GET_SIZE(t));
+        Py_CLEAR(t);
+    }
+    return t;
+}
+
+/* ---- type slots -------------------------------------------------------- */
+
+static int
+program_traverse(ProgramObject *self, visitproc visit, void *arg)
+{
+    Py_ssize_t i;
+    Py_VISIT(Py_TYPE(self));
+    if (self->slots != NULL) {
+        for (i = 0; i < self->nslots; i++) {
+            Py_VISIT(self->slots[i]);
+        }
+    }
+    if (self->calls != NULL) {
+        for (i = 0; i < self->nnodes; i++) {
+            Py_VISIT(self->calls[i]);
+        }
+    }
+    if (self->result_keys != NULL) {
+        for (i = 0; i < self->nresults; i++) {
+            Py_VISIT(self->result_keys[i]);
+        }
+    }
+    Py_VISIT(self->names);
+    Py_VISIT(self->input_index);
+    Py_VISIT(self->slot_keys);
+    Py_VISIT(self->shapes);
+    Py_VISIT(self->dtypes);
+    Py_VISIT(self->graph_inputs);
+    return 0;
+}
+
+static int
+program_clear(ProgramObject *self)
+{
+    Py_ssize_t i;
+    if (self->slots != NULL) {
+        for (i = 0; i < self->nslots; i++) {
+            Py_CLEAR(self->slots[i]);
+        }
+    }
+    if (self->calls != NULL) {
+        for (i = 0; i < self->nnodes; i++) {
+            Py_CLEAR(self->calls[i]);
+        }
+    }
+    if (self->result_keys != NULL) {
+        for (i = 0; i < self->nresults; i++) {
+            Py_CLEAR(self->result_keys[i]);
+        }
+    }
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->input_index);
+    Py_CLEAR(self->slot_keys);
+    Py_CLEAR(self->shapes);
+    Py_CLEAR(self->dtypes);
+    Py_CLEAR(self->graph_inputs);
+    return 0;
+}
+
+static void
+program_dealloc(ProgramObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    (void)program_clear(self);
+    PyMem_Free(self->slots);
+    PyMem_Free(self->calls);
+    PyMem_Free(self->in_off);
+    PyMem_Free(self->in_slot);
+    PyMem_Free(self->out_off);
+    PyMem_Free(self->dst_off);
+    PyMem_Free(self->dst_slot);
+    PyMem_Free(self->result_keys);
+    PyMem_Free(self->result_slot);
+    PyMem_Free(self->commit_from);
+    PyMem_Free(self->commit_to);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Program(names, calls, inputs, noutputs, dests, results, commits,
+ *         input_index, slot_keys, shapes, dtypes, graph_inputs)
+ *
+ *   names        node names in run order (for errors)
+ *   calls        one callable per node, run order
+ *   inputs       per node: the slots passed as its arguments, in order
+ *   noutputs     per node: how many outputs it returns
+ *   dests        per output of every node (node order, then output order):
+ *                its destination slots; the first gets the tensor itself
+ *   results      (key, slot) per graph output, in result order
+ *   commits      (staging slot, target slot) moved after the last node
+ *   input_index  dict "node/input" -> slot accepted by run()
+ *   slot_keys    a readable name per slot; its length is the slot count
+ *   shapes       per slot: the expected shape tuple, or None (no check)
+ *   dtypes       per slot: the expected dtype object, or None (no check)
+ *   graph_inputs the graph input keys, listed in unknown-key errors
+ */
+static PyObject *
+program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
+                      "results", "commits", "input_index", "slot_keys",
+                      "shapes", "dtypes", "graph_inputs", NULL};
+    PyObject *names, *calls, *inputs, *noutputs, *dests, *results, *commits;
+    PyObject *index, *keys, *shapes, *dtypes, *ginputs;
+    PyObject *seq = NULL, *counts = NULL;
+    ProgramObject *self = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t i, n, total, pos = 0;
+    PyObject *k, *v; /* borrowed from input_index */
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO:Program", kwlist,
+                                     &names, &calls, &inputs, &noutputs, &dests,
+                                     &results, &commits, &PyDict_Type, &index,
+                                     &keys, &shapes, &dtypes, &ginputs)) {
+        goto error;
+    }
+    self = (ProgramObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        goto error;
+    }
+    /* tp_alloc zeroed every field: the error path frees partial state. */
+    self->slot_keys = tuple_of(keys, -1, "slot_keys");
+    if (self->slot_keys == NULL) {
+        goto error;
+    }
+    self->nslots = PyTuple_GET_SIZE(self->slot_keys);
+    self->shapes = tuple_of(shapes, self->nslots, "shapes");
+    self->dtypes = tuple_of(dtypes, self->nslots, "dtypes");
+    self->names = tuple_of(names, -1, "names");
+    self->graph_inputs = PySequence_List(ginputs);
+    if (self->shapes == NULL || self->dtypes == NULL || self->names == NULL
+        || self->graph_inputs == NULL) {
+        goto error;
+    }
+    while (PyDict_Next(index, &pos, &k, &v)) {
+        if (!PyUnicode_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "input_index keys must be str, got %R", k);
+            goto error;
+        }
+        if (slot_index(v, self->nslots) < 0) {
+            goto error;
+        }
+    }
+    self->input_index = Py_NewRef(index);
+    self->slots = PyMem_New(PyObject *, self->nslots > 0 ? self->nslots : 1);
+    if (self->slots == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < self->nslots; i++) {
+        self->slots[i] = NULL;
+    }
+
+    /* callables */
+    seq = PySequence_Fast(calls, "calls must be a sequence");
+    if (seq == NULL) {
+        goto error;
+    }
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n != PyTuple_GET_SIZE(self->names)) {
+        PyErr_Format(PyExc_ValueError, "calls: expected %zd entries, got %zd",
+                     PyTuple_GET_SIZE(self->names), n);
+        goto error;
+    }
+    self->calls = PyMem_New(PyObject *, n > 0 ? n : 1);
+    if (self->calls == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *c = PySequence_Fast_GET_ITEM(seq, i); /* borrowed */
+        if (!PyCallable_Check(c)) {
+            PyErr_Format(PyExc_TypeError, "node %R: %R is not callable",
+                         PyTuple_GET_ITEM(self->names, i), c);
+            goto error;
+        }
+        self->calls[i] = Py_NewRef(c);
+        self->nnodes = i + 1; /* traverse/clear see only filled entries */
+    }
+
+    /* argument slots */
+    if (read_groups(inputs, self->nslots, &self->in_off, &self->in_slot,
+                    "inputs must be a sequence of slot sequences") != n) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "inputs: expected %zd entries", n);
+        }
+        goto error;
+    }
+
+    /* output counts -> out_off */
+    counts = PySequence_Fast(noutputs, "noutputs must be a sequence");
+    if (counts == NULL) {
+        goto error;
+    }
+    if (PySequence_Fast_GET_SIZE(counts) != n) {
+        PyErr_Format(PyExc_ValueError, "noutputs: expected %zd entries", n);
+        goto error;
+    }
+    self->out_off = PyMem_New(Py_ssize_t, n + 1);
+    if (self->out_off == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    total = 0;
+    for (i = 0; i < n; i++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(counts, i));
+        if (c < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "noutputs must be >= 0");
+            }
+            goto error;
+        }
+        self->out_off[i] = total;
+        total += c;
+    }
+    self->out_off[n] = total;
+
+    /* destinations per output -> dst_off, dst_slot */
+    if (read_groups(dests, self->nslots, &self->dst_off, &self->dst_slot,
+                    "dests must be a sequence of slot sequences") != total) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "dests: expected %zd entries", total);
+        }
+        goto error;
+    }
+    for (i = 0; i < total; i++) {
+        if (self->dst_off[i + 1] == self->dst_off[i]) {
+            PyErr_Format(PyExc_ValueError, "dests: output %zd has no destination", i);
+            goto error;
+        }
+    }
+
+    /* graph outputs and staged feedback */
+    self->nresults = read_pairs(results, self->nslots, &self->result_keys, NULL,
+                                &self->result_slot, "results");
+    if (self->nresults < 0) {
+        self->nresults = 0;
+        goto error;
+    }
+    self->ncommits = read_pairs(commits, self->nslots, NULL, &self->commit_from,
+                                &self->commit_to, "commits");
+    if (self->ncommits < 0) {
+        self->ncommits = 0;
+        goto error;
+    }
+    result = (PyObject *)self;
+    self = NULL;
+    goto done;
+error:
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(counts);
+    Py_XDECREF(self);
+    return result;
+}
+
+/* ---- run --------------------------------------------------------------- */
+
+/* Raise the error for a value that does not fit slot s (a graph input). */
+static void
+input_mismatch(ProgramObject *self, leapp_state *st, Py_ssize_t s, PyObject *key,
+               PyObject *value)
+{
+    PyObject *shape = NULL, *dtype = NULL, *got = NULL;
+    PyObject *want_shape = PyTuple_GET_ITEM(self->shapes, s); /* borrowed */
+    PyObject *want_dtype = PyTuple_GET_ITEM(self->dtypes, s); /* borrowed */
+    shape = PyObject_GetAttr(value, st->str_shape);
+    dtype = shape == NULL ? NULL : PyObject_GetAttr(value, st->str_dtype);
+    if (shape == NULL || dtype == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "Input '%U' must be a tensor of shape %R and dtype %R, got %.200s",
+                     key, want_shape, want_dtype, Py_TYPE(value)->tp_name);
+        goto done;
+    }
+    got = PySequence_Tuple(shape);
+    if (got == NULL) {
+        goto done;
+    }
+    if (want_shape != Py_None) {
+        int eq = PyObject_RichCompareBool(got, want_shape, Py_EQ);
+        if (eq < 0) {
+            goto done;
+        }
+        if (!eq) {
+            PyErr_Format(PyExc_ValueError,
+                         "Shape mismatch for input '%U': expected %R, got %R",
+                         key, want_shape, got);
+            goto done;
+        }
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "Dtype mismatch for input '%U': expected %R, got %R",
+                 key, want_dtype, dtype);
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(got);
+}
+
+/* 0 when value fits slot s, -1 with an exception otherwise. */
+static int
+check_input(ProgramObject *self, leapp_state *st, Py_ssize_t s, PyObject *key,
+            PyObject *value)
+{
+    PyObject *want_shape = PyTuple_GET_ITEM(self->shapes, s); /* borrowed */
+    PyObject *want_dtype = PyTuple_GET_ITEM(self->dtypes, s); /* borrowed */
+    PyObject *attr = NULL;
+    int rc = -1, eq;
+    if (want_dtype != Py_None) {
+        attr = PyObject_GetAttr(value, st->str_dtype);
+        if (attr == NULL || attr != want_dtype) {
+            goto mismatch;
+        }
+        Py_CLEAR(attr);
+    }
+    if (want_shape != Py_None) {
+        attr = PyObject_GetAttr(value, st->str_shape);
+        if (attr == NULL) {
+            goto mismatch;
+        }
+        eq = PyObject_RichCompareBool(attr, want_shape, Py_EQ);
+        if (eq < 0) {
+            goto done;
+        }
+        if (!eq) {
+            goto mismatch;
+        }
+    }
+    rc = 0;
+    goto done;
+mismatch:
+    PyErr_Clear();
+    input_mismatch(self, st, s, key, value);
+done:
+    Py_XDECREF(attr);
+    return rc;
+}
+
+/* Raise the error for a key run() does not know. */
+static void
+unknown_input(ProgramObject *self, PyObject *key)
+{
+    Py_ssize_t slash;
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_TypeError,
+                     "Input keys must be str 'node_name/input_name', got %R", key);
+        return;
+    }
+    slash = PyUnicode_FindChar(key, '/', 0, PyUnicode_GET_LENGTH(key), 1);
+    if (slash == -2) {
+        return;
+    }
+    if (slash < 0 || PyUnicode_FindChar(key, '/', slash + 1,
+                                        PyUnicode_GET_LENGTH(key), 1) >= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "Invalid input key: %U\n Expected format: node_name/input_name",
+                     key);
+        return;
+    }
+    PyErr_Format(PyExc_KeyError,
+                 "Unknown input key '%U': no node input has that name. "
+                 "Graph inputs: %R", key, self->graph_inputs);
+}
+
+/* Store the validated entries of inputs into their slots.  Every entry is
+ * checked before any slot changes, so a bad input leaves the state as is. */
+static int
+load_inputs(ProgramObject *self, leapp_state *st, PyObject *inputs)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value, *idx; /* borrowed from inputs / input_index */
+    Py_ssize_t s;
+    int rc = -1;
+    while (PyDict_Next(inputs, &pos, &key, &value)) {
+        idx = PyDict_GetItemWithError(self->input_index, key);
+        if (idx == NULL) {
+            if (!PyErr_Occurred()) {
+                unknown_input(self, key);
+            }
+            goto done;
+        }
+        s = PyLong_AsSsize_t(idx);
+        if (check_input(self, st, s, key, value) < 0) {
+            goto done;
+        }
+    }
+    pos = 0;
+    while (PyDict_Next(inputs, &pos, &key, &value)) {
+        idx = PyDict_GetItemWithError(self->input_index, key);
+        if (idx == NULL) {
+            goto done; /* a key the first pass found cannot vanish */
+        }
+        s = PyLong_AsSsize_t(idx);
+        Py_XSETREF(self->slots[s], Py_NewRef(value));
+    }
+    rc = 0;
+done:
+    return rc;
+}
+
+/* Call node i with its slot values and route its outputs. */
+static int
+run_node(ProgramObject *self, leapp_state *st, Py_ssize_t i)
+{
+    PyObject *small[SMALL_ARGS];
+    PyObject **argv = small;
+    PyObject *res = NULL, *seq = NULL;
+    Py_ssize_t first = self->in_off[i], nargs = self->in_off[i + 1] - first;
+    Py_ssize_t nout = self->out_off[i + 1] - self->out_off[i];
+    Py_ssize_t k, j, d, got, filled = 0;
+    int rc = -1;
+
+    if (nargs > SMALL_ARGS) {
+        argv = PyMem_New(PyObject *, nargs);
+        if (argv == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    for (k = 0; k < nargs; k++) {
+        PyObject *v = self->slots[self->in_slot[first + k]]; /* borrowed */
+        if (v == NULL) {
+            PyErr_Format(PyExc_RuntimeError, "Node '%U': input %R has no value",
+                         PyTuple_GET_ITEM(self->names, i),
+                         PyTuple_GET_ITEM(self->slot_keys, self->in_slot[first + k]));
+            goto done;
+        }
+        /* own the arguments: the call may replace slot values */
+        argv[k] = Py_NewRef(v);
+        filled = k + 1;
+    }
+    res = PyObject_Vectorcall(self->calls[i], argv, nargs, NULL);
+    if (res == NULL) {
+        goto done;
+    }
+    if (PyTuple_Check(res) || PyList_Check(res)) {
+        seq = Py_NewRef(res);
+        got = PySequence_Fast_GET_SIZE(seq);
+        if (nout == 1 && got == 1) {
+            /* a single output comes back as a 1-tuple from some backends */
+            Py_SETREF(res, Py_NewRef(PySequence_Fast_GET_ITEM(seq, 0)));
+            Py_CLEAR(seq);
+        }
+        else if (nout == 1 && got != 1) {
+            goto count_mismatch;
+        }
+    }
+    else {
+        got = 1;
+    }
+    if (seq == NULL && nout != 1) {
+        goto count_mismatch;
+    }
+    if (seq != NULL && got != nout) {
+        goto count_mismatch;
+    }
+    for (j = 0; j < nout; j++) {
+        Py_ssize_t o = self->out_off[i] + j;
+        /* borrowed from seq or res */
+        PyObject *out = seq != NULL ? PySequence_Fast_GET_ITEM(seq, j) : res;
+        Py_ssize_t s0 = self->dst_slot[self->dst_off[o]];
+        Py_XSETREF(self->slots[s0], Py_NewRef(out));
+        for (d = self->dst_off[o] + 1; d < self->dst_off[o + 1]; d++) {
+            PyObject *copy = PyObject_CallMethodNoArgs(out, st->str_clone);
+            if (copy == NULL) {
+                goto done;
+            }
+            Py_XSETREF(self->slots[self->dst_slot[d]], copy); /* steals copy */
+        }
+    }
+    rc = 0;
+    goto done;
+count_mismatch:
+    PyErr_Format(PyExc_RuntimeError, "Node '%U': Expected %zd outputs, got %zd",
+                 PyTuple_GET_ITEM(self->names, i), nout, got);
+done:
+    for (k = 0; k < filled; k++) {
+        Py_DECREF(argv[k]);
+    }
+    if (argv != small) {
+        PyMem_Free(argv);
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(res);
+    return rc;
+}
+
+PyDoc_STRVAR(program_run_doc,
+"run(inputs) -> dict\n\n"
+"One pipeline step: store the tensors of `inputs` (keys 'node/input'),\n"
+"checked against their declared shape and dtype, run every node in order,\n"
+"route its outputs and return {'node/output': tensor} for the graph outputs.");
+
+static PyObject *
+program_run(ProgramObject *self, PyObject *inputs)
+{
+    leapp_state *st = PyType_GetModuleState(Py_TYPE(self));
+    PyObject *owned = NULL, *out = NULL;
+    Py_ssize_t i;
+    if (st == NULL) {
+        goto error;
+    }
+    if (!PyDict_Check(inputs)) {
+        owned = PyDict_New();
+        if (owned == NULL || PyDict_Update(owned, inputs) < 0) {
+            goto error;
+        }
+        inputs = owned;
+    }
+    if (load_inputs(self, st, inputs) < 0) {
+        goto error;
+    }
+    for (i = 0; i < self->nnodes; i++) {
+        if (run_node(self, st, i) < 0) {
+            goto error;
+        }
+    }
+    for (i = 0; i < self->ncommits; i++) {
+        PyObject *v = self->slots[self->commit_from[i]]; /* reference moved */
+        if (v != NULL) {
+            self->slots[self->commit_from[i]] = NULL;
+            Py_XSETREF(self->slots[self->commit_to[i]], v);
+        }
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto error;
+    }
+    for (i = 0; i < self->nresults; i++) {
+        PyObject *v = self->slots[self->result_slot[i]]; /* borrowed */
+        if (PyDict_SetItem(out, self->result_keys[i], v != NULL ? v : Py_None) < 0) {
+            goto error;
+        }
+    }
+    goto done;
+error:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(owned);
+    return out;
+}
+
+/* ---- slot access ------------------------------------------------------- */
+
+static int
+slot_arg(ProgramObject *self, PyObject *arg, Py_ssize_t *s)
+{
+    *s = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (*s == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*s < 0 || *s >= self->nslots) {
+        PyErr_Format(PyExc_IndexError, "slot %zd out of range [0, %zd)",
+                     *s, self->nslots);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+program_get(ProgramObject *self, PyObject *arg)
+{
+    Py_ssize_t s;
+    if (slot_arg(self, arg, &s) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self->slots[s] != NULL ? self->slots[s] : Py_None);
+}
+
+static PyObject *
+program_set(ProgramObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t s;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "set() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (slot_arg(self, args[0], &s) < 0) {
+        return NULL;
+    }
+    if (args[1] == Py_None) {
+        Py_CLEAR(self->slots[s]);
+    }
+    else {
+        Py_XSETREF(self->slots[s], Py_NewRef(args[1]));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+program_values(ProgramObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *t = PyTuple_New(self->nslots);
+    Py_ssize_t i;
+    if (t == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < self->nslots; i++) {
+        PyObject *v = self->slots[i] != NULL ? self->slots[i] : Py_None;
+        PyTuple_SET_ITEM(t, i, Py_NewRef(v)); /* steals the new reference */
+    }
+    return t;
+}
+
+static PyObject *
+program_get_nslots(ProgramObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->nslots);
+}
+
+static PyObject *
+program_get_names(ProgramObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->names);
+}
+
+static PyMethodDef program_methods[] = {
+    {"run", (PyCFunction)program_run, METH_O, program_run_doc},
+    {"get", (PyCFunction)program_get, METH_O, "get(slot): the value in a slot, or None."},
+    {"set", (PyCFunction)(void (*)(void))program_set, METH_FASTCALL,
+     "set(slot, value): store value (a reference) in a slot; None empties it."},
+    {"values", (PyCFunction)program_values, METH_NOARGS,
+     "values(): a tuple of every slot's value (None where empty)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef program_getset[] = {
+    {"nslots", (getter)program_get_nslots, NULL, "Number of slots.", NULL},
+    {"names", (getter)program_get_names, NULL, "Node names in run order.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(program_doc,
+"Program(names, calls, inputs, noutputs, dests, results, commits, input_index,\n"
+"        slot_keys, shapes, dtypes, graph_inputs)\n\n"
+"The per-step routing loop of InferenceManager, resolved into integer slots.");
+
+static PyType_Slot program_slots[] = {
+    {Py_tp_doc, (void *)program_doc},
+    {Py_tp_new, program_new},
+    {Py_tp_dealloc, program_dealloc},
+    {Py_tp_traverse, program_traverse},
+    {Py_tp_clear, program_clear},
+    {Py_tp_methods, program_methods},
+    {Py_tp_getset, program_getset},
+    {0, NULL},
+};
+
+static PyType_Spec program_spec = {
+    .name = "leapp._core.Program",
+    .basicsize = sizeof(ProgramObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = program_slots,
+};
 
 int
 runtime_init(PyObject *module, leapp_state *st)
 {
-    (void)module;
-    (void)st;
+    st->program_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &program_spec, NULL);
+    if (st->program_type == NULL || PyModule_AddType(module, st->program_type) < 0) {
+        return -1;
+    }
     return 0;
 }

@@ -17,13 +17,39 @@ from ._ops import BINARY_OPERATORS, reverse_dims
 from ._traced import clone_plain
 
 _TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
+# Cast methods recorded as .to(dtype): TorchScript lacks some (e.g. .bool()).
+_CAST_METHODS = {
+    "bool": torch.bool, "half": torch.float16, "float": torch.float32, "double": torch.float64,
+    "bfloat16": torch.bfloat16, "byte": torch.uint8, "char": torch.int8, "short": torch.int16,
+    "int": torch.int32, "long": torch.int64,
+}
 
 
 def _is_tensor_method(func: Any) -> bool:
+    """Methods of Tensor, including torch/_tensor.py's Python-level wrappers."""
     name = getattr(func, "__name__", None)
-    if not name:
+    if not name or not callable(getattr(torch.Tensor, name, None)):
         return False
-    return any(getattr(owner, name, None) is func for owner in _TENSOR_METHOD_OWNERS)
+    if any(getattr(owner, name, None) is func for owner in _TENSOR_METHOD_OWNERS):
+        return True
+    qualname = getattr(func, "__qualname__", "") or ""
+    return getattr(func, "__module__", None) == "torch._tensor" or qualname.startswith(
+        ("Tensor.", "TensorBase.", "_TensorBase."))
+
+
+def _vector_norm(args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
+    """Tensor.norm(p, dim, keepdim, dtype) as torch.linalg.vector_norm (scriptable)."""
+    x = args[0]
+    p = args[1] if len(args) > 1 else kwargs.get("p", "fro")
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if p in ("fro", None):
+        p = 2
+    if not isinstance(p, (int, float)):
+        return None
+    if isinstance(dim, int):
+        dim = [dim]
+    return torch.linalg.vector_norm, (x, p), {"dim": dim, "keepdim": keepdim}
 
 
 def _getter_name(func: Any) -> str | None:
@@ -76,15 +102,14 @@ class _Builder:
             kwargs = dict(kwargs, inplace=False)
         name = getattr(func, "__name__", "") or ""
         if name.startswith("__") and name.endswith("__") and name != "__get__":
-            core = name[2:-2]
+            core = {"and": "and_", "or": "or_", "div": "truediv", "rdiv": "rtruediv",
+                    "rand": "rand_", "ror": "ror_"}.get(name[2:-2], name[2:-2])
             reflected = core.startswith("r") and core[1:] in BINARY_OPERATORS
             key = core[1:] if reflected else core
-            key = {"and": "and_", "or": "or_"}.get(key, key)
             if key in BINARY_OPERATORS:
-                target = BINARY_OPERATORS[key]
                 if reflected:
                     args = (args[1], args[0]) + tuple(args[2:])
-                return self.graph.call_function(target, args, kwargs)
+                return self.graph.call_function(BINARY_OPERATORS[key], args, kwargs)
         getter = _getter_name(func)
         if getter is not None:
             if getter == "T":
@@ -98,7 +123,13 @@ class _Builder:
             raise NotImplementedError(
                 f"node '{self.node.name}': reading tensor property '{getter}' inside a traced "
                 f"node cannot be exported; compute it with a torch function instead.")
+        if name == "norm" and (_is_tensor_method(func) or func is torch.norm):
+            rewritten = _vector_norm(args, kwargs)
+            if rewritten is not None:
+                return self.graph.call_function(rewritten[0], rewritten[1], rewritten[2])
         if _is_tensor_method(func):
+            if name in _CAST_METHODS and len(args) == 1 and not kwargs:
+                return self.graph.call_method("to", (args[0], _CAST_METHODS[name]))
             return self.graph.call_method(name, args, kwargs)
         return self.graph.call_function(func, args, kwargs)
 

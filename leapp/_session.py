@@ -88,8 +88,9 @@ def _shape_text(name: str, dtype: str, shape: tuple, semantics: dict | None = No
     return "{" + ", ".join(fields) + "}"
 
 
-def _port_names(node: Any) -> list[str]:
-    return [p.name for p in list(node.inputs) + list(node.outputs) + list(node.trimmed_inputs)]
+def _port_names(node: Any, outputs: bool) -> list[str]:
+    ports = node.outputs if outputs else list(node.inputs) + list(node.trimmed_inputs)
+    return [p.name for p in ports]
 
 
 class SessionAPI:
@@ -137,8 +138,8 @@ class SessionAPI:
                 replaced[leaf.path] = self._reenter_input(node, leaf)
         return rebuild(values, replaced)
 
-    def _check_unique(self, node: Any, name: str) -> None:
-        if name in _port_names(node):
+    def _check_unique(self, node: Any, name: str, outputs: bool = False) -> None:
+        if name in _port_names(node, outputs):
             fatal(f"Error: Duplicate name '{name}' in node '{node.name}'. Each input/output "
                   f"must have a unique name: rename one of them.")
 
@@ -266,7 +267,7 @@ class SessionAPI:
         self._check_outputs("output_tensors", node, leaves)
         outputs: list[tuple[Leaf, int]] = []
         for leaf in leaves:
-            self._check_unique(node, leaf.name)
+            self._check_unique(node, leaf.name, outputs=True)
             outputs.append((leaf, _core.carrier_of(leaf.value).vid))
             node.outputs.append(self._output_port(leaf, outputs[-1][1]))
         for leaf in static_leaves:
@@ -278,7 +279,7 @@ class SessionAPI:
                 fatal(f"Error: static output '{leaf.name}' has type "
                       f"{type(leaf.value).__name__} but expected a raw tracable data type "
                       f"(torch.Tensor).", TypeError)
-            self._check_unique(node, leaf.name)
+            self._check_unique(node, leaf.name, outputs=True)
             vid = node.bind_const(clone_plain(leaf.value))
             node.outputs.append(self._output_port(leaf, vid))
         self._merge_states(node)
@@ -520,7 +521,7 @@ class SessionAPI:
             if len(names) == 1 and not isinstance(result, tuple):
                 pass
             elif all(n.startswith("output") for n in names):
-                names = [f"output{i}" for i in range(len(values))]
+                names = [f"output{i + 1}" for i in range(len(values))]
             else:
                 fatal(f"Error: annotated method {node_name} returned {len(values)} values, but "
                       f"LEAPP detected the following return names: {names}")
@@ -571,7 +572,7 @@ def return_names(fn: Callable) -> list[str]:
             merged = []
             for i in range(width):
                 options = [f[i] for f in found if i < len(f) and f[i] is not None]
-                merged.append(options[0] if options else f"output{i}")
+                merged.append(options[0] if options else f"output{i + 1}")
             names = merged
             if len({len(f) for f in found}) > 1:
                 logger.warning("Return statements of %s differ in arity; using %s",

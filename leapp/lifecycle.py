@@ -143,8 +143,11 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
     from .backends import export_node
     exported = {}
     section(f"Discovered {len(nodes)} nodes")
+    cfg = _Current.config
     for node in nodes:
         node_info = info(node)
+        if cfg is not None and node.name in cfg.non_traced:
+            continue  # described and wired, never exported
         section(f"Compiling {node.name}")
         inputs = [p.value for p in node.inputs]
         try:

@@ -1,0 +1,689 @@
+"""Run an exported LEAPP pipeline from its YAML description.
+
+``InferenceManager(yaml_path)`` reads the bundle written by
+``leapp.compile_graph`` (config versions 1.0 to 1.4), verifies and loads one
+model per node (TorchScript, ONNX through onnxruntime, or torch.export),
+checks the wiring, preallocates every node input and seeds feedback inputs
+from the bundle's initial values.  The routing itself is compiled once into a
+``leapp._core.Program``: integer slots for every node input and graph output,
+so that ``run_policy`` runs the whole step in C and only calls back into
+Python for the models themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from leapp import _core
+
+logger = logging.getLogger("leapp")
+
+#: Key of the graph-output entry in ``InferenceManager.value_dict``.
+OUTPUT_KEY = "==out=="
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
+    "bool": torch.bool,
+    # spellings seen in older bundles
+    "float": torch.float32,
+    "double": torch.float64,
+    "half": torch.float16,
+    "long": torch.int64,
+    "int": torch.int32,
+}
+
+_ONNX_UNSUPPORTED_BY_NUMPY = (torch.bfloat16,)
+
+
+def _fatal(message: str, error_type: type[Exception] = ValueError) -> None:
+    """Log ``message`` on the leapp logger and raise it as ``error_type``."""
+    logger.error(message)
+    raise error_type(message)
+
+
+def _split_key(key: str, what: str) -> tuple[str, str]:
+    """Split ``"node/port"`` into its two parts, or raise a ValueError."""
+    parts = str(key).split("/")
+    if len(parts) != 2:
+        reason = ("too many values to unpack (expected 2)" if len(parts) > 2
+                  else f"not enough values to unpack (expected 2, got {len(parts)})")
+        _fatal(f"Invalid {what} key '{key}': {reason}. "
+               "Expected format: node_name/port_name")
+    return parts[0], parts[1]
+
+
+def _parse_dtype(value: Any, where: str) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    name = str(value)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        _fatal(f"Unsupported dtype '{value}' for {where}. "
+               f"Supported dtypes: {sorted(_DTYPES)}")
+    return dtype
+
+
+def _parse_shape(value: Any, where: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    if value is None:
+        value = []
+    try:
+        return tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        _fatal(f"Invalid shape {value!r} for {where}: expected a list of ints")
+    raise AssertionError("unreachable")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _OnnxRunner:
+    """Calls an ONNX model through onnxruntime with torch tensors in and out.
+
+    CUDAExecutionProvider is preferred when onnxruntime has it and torch sees a
+    GPU; CUDA inputs then go through I/O binding (no host copies).  On CPU the
+    inputs reach onnxruntime as numpy views of the tensors and the outputs come
+    back as ``torch.from_numpy`` views, so no tensor data is copied.
+    """
+
+    def __init__(self, path: str, input_names: list[str],
+                 output_descriptions: list[dict[str, Any]]) -> None:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+        if "CUDAExecutionProvider" in available:
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        else:
+            logger.warning("CUDA execution provider not available. Falling back to CPU.")
+            providers = ["CPUExecutionProvider"]
+        options = ort.SessionOptions()
+        # BASIC on purpose: ENABLE_ALL has been seen to corrupt decomposed Gemm chains.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        self.session = ort.InferenceSession(path, options, providers=providers)
+        active = self.session.get_providers()
+        self.use_cuda = bool(active) and active[0] == "CUDAExecutionProvider" \
+            and torch.cuda.is_available()
+        self.device = "cuda" if self.use_cuda else "cpu"
+
+        session_inputs = [i.name for i in self.session.get_inputs()]
+        if set(session_inputs) <= set(input_names):
+            # feed by name: tolerates inputs the exporter dropped
+            self._feed = [(name, input_names.index(name)) for name in session_inputs]
+        else:
+            self._feed = list(zip(session_inputs, range(len(session_inputs))))
+        self._nargs = len(input_names)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._out_specs = [
+            (name, _parse_shape(d.get("shape"), name), _parse_dtype(d.get("dtype"), name))
+            for name, d in zip(self.output_names, output_descriptions)
+        ]
+        self._np_dtypes: dict[torch.dtype, Any] = {}
+        if self.use_cuda:
+            import numpy as np
+
+            self._np_dtypes = {
+                torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
+                torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+                torch.float16: np.float16, torch.float32: np.float32,
+                torch.float64: np.float64,
+            }
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.use_cuda and self._can_bind(args):
+            return self._run_bound(args)
+        feed = {}
+        out_device = None
+        for name, index in self._feed:
+            tensor = args[index]
+            if tensor.requires_grad:
+                tensor = tensor.detach()
+            if tensor.device.type != "cpu":
+                if out_device is None and tensor.device.type == "cuda":
+                    out_device = tensor.device
+                tensor = tensor.cpu()
+            feed[name] = tensor.numpy()
+        outputs = self.session.run(self.output_names, feed)
+        if out_device is None:
+            return tuple(torch.from_numpy(o) for o in outputs)
+        return tuple(torch.from_numpy(o).to(out_device) for o in outputs)
+
+    def _can_bind(self, args: tuple[torch.Tensor, ...]) -> bool:
+        devices = {t.device for t in args}
+        return (len(devices) == 1 and next(iter(devices)).type == "cuda"
+                and all(dtype in self._np_dtypes for _, _, dtype in self._out_specs)
+                and all(t.dtype in self._np_dtypes for t in args))
+
+    def _run_bound(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        device = args[0].device
+        index = device.index or 0
+        binding = self.session.io_binding()
+        keep = []
+        for name, i in self._feed:
+            tensor = args[i].detach().contiguous()
+            keep.append(tensor)
+            binding.bind_input(name, "cuda", index, self._np_dtypes[tensor.dtype],
+                               list(tensor.shape), tensor.data_ptr())
+        outputs = []
+        for name, shape, dtype in self._out_specs:
+            out = torch.empty(shape, dtype=dtype, device=device)
+            outputs.append(out)
+            binding.bind_output(name, "cuda", index, self._np_dtypes[dtype],
+                                list(shape), out.data_ptr())
+        # onnxruntime runs on its own stream: the inputs must be ready first.
+        torch.cuda.current_stream(device).synchronize()
+        self.session.run_with_iobinding(binding)
+        del keep
+        return tuple(outputs)
+
+
+class InferenceNode:
+    """One node of the pipeline: its YAML description and its loaded model.
+
+    Attributes read by downstream tools: ``input_descriptions`` and
+    ``output_descriptions`` (the raw YAML entries), ``input_names``,
+    ``output_names``, ``device`` (``"cpu"`` or ``"cuda"``), ``model``,
+    ``mock_input`` (zero tensors of the declared shapes) and ``mock_output``.
+    """
+
+    def __init__(self, name: str, description: Mapping[str, Any], yaml_dir: str) -> None:
+        if not isinstance(description, Mapping) or not all(
+                k in description for k in ("inputs", "outputs", "parameters")):
+            keys = list(description.keys()) if isinstance(description, Mapping) else description
+            _fatal(f"Model description must contain inputs, outputs, and parameters, got {keys}")
+        params = description["parameters"] or {}
+        if not all(k in params for k in ("model_path", "md5sum", "sha256sum", "backend")):
+            _fatal("Model description must contain model_path, md5sum, sha256sum, and "
+                   f"backend, got {list(params.keys())}")
+        self.name = name
+        self.input_descriptions: list[dict[str, Any]] = list(description["inputs"] or [])
+        self.output_descriptions: list[dict[str, Any]] = list(description["outputs"] or [])
+        self.parameters: dict[str, Any] = dict(params)
+        self.input_names: list[str] = [d["name"] for d in self.input_descriptions]
+        self.output_names: list[str] = [d["name"] for d in self.output_descriptions]
+        self.input_shapes = [_parse_shape(d.get("shape"), f"{name}/{d['name']}")
+                             for d in self.input_descriptions]
+        self.input_dtypes = [_parse_dtype(d.get("dtype"), f"{name}/{d['name']}")
+                             for d in self.input_descriptions]
+        self.output_shapes = [_parse_shape(d.get("shape"), f"{name}/{d['name']}")
+                              for d in self.output_descriptions]
+        self.output_dtypes = [_parse_dtype(d.get("dtype"), f"{name}/{d['name']}")
+                              for d in self.output_descriptions]
+        self.backend: str = params["backend"]
+        self.model_path = self._resolve_path(params["model_path"], yaml_dir)
+        self._verify(params["sha256sum"])
+        self.model, self.call, self.device = self._load()
+        self.mock_input: dict[str, torch.Tensor] = {
+            n: torch.zeros(s, dtype=d, device=self.device)
+            for n, s, d in zip(self.input_names, self.input_shapes, self.input_dtypes)}
+        self.mock_output: dict[str, torch.Tensor] = {
+            n: torch.zeros(s, dtype=d, device=self.device)
+            for n, s, d in zip(self.output_names, self.output_shapes, self.output_dtypes)}
+
+    def _resolve_path(self, model_path: str | None, yaml_dir: str) -> str:
+        if not model_path:
+            _fatal(f"Node '{self.name}' has no model_path: it cannot run in "
+                   "InferenceManager. Export it with a backend (jit, onnx or pt2).")
+        joined = os.path.join(yaml_dir, model_path)
+        path = joined if os.path.exists(joined) else model_path
+        if not os.path.exists(path):
+            _fatal(f"Model file for node '{self.name}' not found at {joined}",
+                   FileNotFoundError)
+        return path
+
+    def _verify(self, expected: str | None) -> None:
+        actual = _sha256(self.model_path)
+        if expected != actual:
+            _fatal(f"SHA256 checksum mismatch for {self.model_path}: "
+                   f"expected {expected}, got {actual}")
+
+    def _load(self) -> tuple[Any, Callable[..., Any], str]:
+        backend = self.backend
+        if backend == "jit":
+            device = _default_device()
+            model = torch.jit.load(self.model_path, map_location=device).to(device).eval()
+            # The compiled method skips nn.Module.__call__: no hooks on a loaded module.
+            return model, model.forward, device
+        if backend == "onnx":
+            runner = _OnnxRunner(self.model_path, self.input_names, self.output_descriptions)
+            return runner, runner, runner.device
+        if backend == "pt2":
+            device = _default_device()
+            model = torch.export.load(self.model_path).module()
+            if device != "cpu":
+                model = model.to(device)
+            # Called as a module: torch.export installs input-checking hooks.
+            return model, model, device
+        _fatal(f"Unsupported backend: {backend}")
+        raise AssertionError("unreachable")
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        """Run the model once; a single output is returned unwrapped."""
+        if len(args) != len(self.input_names):
+            _fatal(f"Expected {len(self.input_names)} inputs, got {len(args)}")
+        result = self.call(*args)
+        if isinstance(result, (tuple, list)):
+            if len(result) == 1:
+                result = result[0]
+            elif len(result) != len(self.output_names):
+                _fatal(f"Expected {len(self.output_names)} outputs, got {len(result)}",
+                       RuntimeError)
+        return result
+
+    def __repr__(self) -> str:
+        return (f"InferenceNode({self.name!r}, backend={self.backend!r}, "
+                f"device={self.device!r}, inputs={self.input_names}, "
+                f"outputs={self.output_names})")
+
+
+#: Upstream's name for the same thing.
+NodeManager = InferenceNode
+
+
+class _SlotView(MutableMapping):
+    """A live ``{name: tensor}`` view over some slots of the program."""
+
+    __slots__ = ("_program", "_index", "_owner")
+
+    def __init__(self, program: Any, index: dict[str, int], owner: str) -> None:
+        self._program = program
+        self._index = index
+        self._owner = owner
+
+    def _slot(self, key: str) -> int:
+        try:
+            return self._index[key]
+        except KeyError:
+            raise KeyError(f"'{key}' is not an input of node '{self._owner}'. "
+                           f"Available: {list(self._index)}") from None
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._program.get(self._slot(key))
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self._program.set(self._slot(key), value)
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("pipeline buffers cannot be removed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class InferenceManager:
+    """Load an exported LEAPP graph from its YAML and run the whole pipeline.
+
+    Args:
+        yaml_path: path to the ``.yaml`` description written by
+            ``leapp.compile_graph()``.
+
+    Raises:
+        FileNotFoundError: the YAML, a model or the initial-values file is missing.
+        ValueError: the YAML is malformed or inconsistent, a model's sha256 does
+            not match, or the feedback initial values do not fit the graph.
+    """
+
+    def __init__(self, yaml_path: str) -> None:
+        yaml_path = os.fspath(yaml_path)
+        if not os.path.exists(yaml_path):
+            _fatal(f"Leapp description file not found at {yaml_path}", FileNotFoundError)
+        if not yaml_path.endswith(".yaml"):
+            _fatal(f"Leapp description file must end with .yaml, got {yaml_path}")
+        self.model_path = yaml_path
+        self._yaml_dir = os.path.dirname(yaml_path)
+        self._load_description()
+        self.nodes: dict[str, InferenceNode] = {
+            name: InferenceNode(name, description, self._yaml_dir)
+            for name, description in self.models.items()}
+        self._build()
+        self._load_initial_values()
+        self._apply_initial_values()
+
+    # ---- loading ----------------------------------------------------------
+
+    def _load_description(self) -> None:
+        with open(self.model_path) as handle:
+            description = yaml.safe_load(handle)
+        if not isinstance(description, dict) or not all(
+                k in description for k in ("models", "pipeline", "system information")):
+            keys = list(description.keys()) if isinstance(description, dict) else description
+            _fatal("Leapp description file must contain models, pipeline, and "
+                   f"system_info, got {keys}")
+        self.leapp_description: dict[str, Any] = description
+        self.models: dict[str, Any] = description["models"] or {}
+        self.pipeline: dict[str, Any] = description["pipeline"] or {}
+        self.system_info: dict[str, Any] = description["system information"] or {}
+        self._data_flow: dict[str, list[str]] = self.pipeline.get("data_flow") or {}
+        self._feedback_flow: dict[str, list[str]] = self.pipeline.get("feedback_flow") or {}
+
+    def _graph_ports(self, section: str) -> list[tuple[str, str]]:
+        ports = []
+        for node, names in (self.pipeline.get(section) or {}).items():
+            for name in names or []:
+                ports.append((node, name))
+        return ports
+
+    def _build(self) -> None:
+        """Check the wiring and compile the routing into a C program."""
+        nodes = self.nodes
+        graph_inputs = self._graph_ports("inputs")
+        graph_outputs = self._graph_ports("outputs")
+        for node, name in graph_inputs:
+            if node not in nodes or name not in nodes[node].input_names:
+                _fatal(f"Pipeline input '{node}/{name}' does not match any node input. "
+                       f"Available nodes: {list(nodes)}")
+        for node, name in graph_outputs:
+            if node not in nodes or name not in nodes[node].output_names:
+                _fatal(f"Pipeline output '{node}/{name}' does not match any node output. "
+                       f"Available nodes: {list(nodes)}")
+
+        # routing table: forward targets first, then feedback, then graph outputs
+        routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        feedback_edges: set[tuple[str, str, str, str]] = set()
+        for flow, is_feedback in ((self._data_flow, False), (self._feedback_flow, True)):
+            for source, targets in flow.items():
+                src = _split_key(source, "pipeline source")
+                for target in targets or []:
+                    dst = _split_key(target, "pipeline target")
+                    routes.setdefault(src, []).append(dst)
+                    if is_feedback:
+                        feedback_edges.add(src + dst)
+        for node, name in graph_outputs:
+            routes.setdefault((node, name), []).append((OUTPUT_KEY, f"{node}/{name}"))
+        self.organized_pipeline_connections: dict[str, dict[str, list[tuple[str, str]]]] = {}
+        for (node, name), targets in routes.items():
+            self.organized_pipeline_connections.setdefault(node, {})[name] = targets
+
+        self._validate_output_routing(routes)
+        self._validate_connections(routes)
+        order = self._run_order()
+        self.run_order: list[str] = order
+        position = {name: i for i, name in enumerate(order)}
+
+        # slots: node inputs (YAML order), graph outputs, staged feedback
+        slot_keys: list[str] = []
+        shapes: list[Any] = []
+        dtypes: list[Any] = []
+        self._slot_of: dict[tuple[str, str], int] = {}
+        self._zeros: list[tuple[int, tuple[int, ...], torch.dtype, str]] = []
+        for name, node in nodes.items():
+            for port, shape, dtype in zip(node.input_names, node.input_shapes,
+                                          node.input_dtypes):
+                self._slot_of[(name, port)] = len(slot_keys)
+                self._zeros.append((len(slot_keys), shape, dtype, node.device))
+                slot_keys.append(f"{name}/{port}")
+                shapes.append(shape)
+                dtypes.append(dtype)
+        results = []
+        for node, name in graph_outputs:
+            key = f"{node}/{name}"
+            i = nodes[node].output_names.index(name)
+            self._slot_of[(OUTPUT_KEY, key)] = len(slot_keys)
+            self._zeros.append((len(slot_keys), nodes[node].output_shapes[i],
+                                nodes[node].output_dtypes[i], nodes[node].device))
+            results.append((key, len(slot_keys)))
+            slot_keys.append(key)
+            shapes.append(None)
+            dtypes.append(None)
+
+        commits = []
+        noutputs = []
+        dests = []
+        for name in order:
+            node = nodes[name]
+            noutputs.append(len(node.output_names))
+            for port in node.output_names:
+                slots = []
+                for dst in routes[(name, port)]:
+                    slot = self._slot_of[dst]
+                    late = dst[0] != OUTPUT_KEY and position[dst[0]] > position[name]
+                    if (name, port) + dst in feedback_edges and late:
+                        # the consumer runs after the producer in this order:
+                        # stage the value so that it still arrives next step
+                        staged = len(slot_keys)
+                        slot_keys.append(f"staged {name}/{port} -> {dst[0]}/{dst[1]}")
+                        shapes.append(None)
+                        dtypes.append(None)
+                        commits.append((staged, slot))
+                        slot = staged
+                    slots.append(slot)
+                dests.append(slots)
+
+        input_index = {f"{n}/{p}": s for (n, p), s in self._slot_of.items() if n != OUTPUT_KEY}
+        self._program = _core.Program(
+            names=order,
+            calls=[nodes[n].call for n in order],
+            inputs=[[self._slot_of[(n, p)] for p in nodes[n].input_names] for n in order],
+            noutputs=noutputs,
+            dests=dests,
+            results=results,
+            commits=commits,
+            input_index=input_index,
+            slot_keys=slot_keys,
+            shapes=shapes,
+            dtypes=dtypes,
+            graph_inputs=[f"{n}/{p}" for n, p in graph_inputs],
+        )
+        self._fill_zeros()
+
+        views: dict[str, dict[str, int]] = {name: {} for name in nodes}
+        views[OUTPUT_KEY] = {}
+        for (node, port), slot in self._slot_of.items():
+            views[node][port] = slot
+        self.value_dict: dict[str, _SlotView] = {
+            node: _SlotView(self._program, index, node) for node, index in views.items()}
+
+    def _validate_output_routing(self, routes: Mapping[tuple[str, str], Any]) -> None:
+        for name, node in self.nodes.items():
+            missing = [port for port in node.output_names if (name, port) not in routes]
+            if missing:
+                _fatal(
+                    f"Node '{name}' has unroutable outputs: {missing}. Every model output "
+                    "must appear in pipeline data_flow, feedback_flow, or pipeline outputs. "
+                    "This may indicate the YAML was edited manually and is inconsistent "
+                    "with the exported model.")
+
+    def _validate_connections(self, routes: Mapping[tuple[str, str], list[tuple[str, str]]]
+                              ) -> None:
+        nodes = self.nodes
+        for (src_node, src_port), targets in routes.items():
+            if src_node not in nodes:
+                _fatal(f"Source node '{src_node}' not found in models")
+            source = nodes[src_node]
+            if src_port not in source.output_names:
+                _fatal(f"Source output '{src_port}' not found in node '{src_node}'. "
+                       f"Available outputs: {source.output_names}")
+            i = source.output_names.index(src_port)
+            src_shape, src_dtype = source.output_shapes[i], source.output_dtypes[i]
+            for dst_node, dst_port in targets:
+                if dst_node == OUTPUT_KEY:
+                    continue
+                if dst_node not in nodes:
+                    _fatal(f"Target node '{dst_node}' not found in models")
+                target = nodes[dst_node]
+                if dst_port not in target.input_names:
+                    _fatal(f"Target input '{dst_port}' not found in node '{dst_node}'. "
+                           f"Available inputs: {target.input_names}")
+                j = target.input_names.index(dst_port)
+                dst_shape, dst_dtype = target.input_shapes[j], target.input_dtypes[j]
+                src_key, dst_key = f"{src_node}/{src_port}", f"{dst_node}/{dst_port}"
+                if list(src_shape) != list(dst_shape):
+                    _fatal(f"Shape mismatch in pipeline connection: {src_key} "
+                           f"{tuple(src_shape)} -> {dst_key} {tuple(dst_shape)}")
+                if src_dtype != dst_dtype:
+                    _fatal(f"Dtype mismatch in pipeline connection: {src_key} {src_dtype} "
+                           f"-> {dst_key} {dst_dtype}")
+
+    def _run_order(self) -> list[str]:
+        """Producers before consumers along data_flow; ties keep YAML order."""
+        names = list(self.nodes)
+        rank = {name: i for i, name in enumerate(names)}
+        successors: dict[str, set[str]] = {name: set() for name in names}
+        pending = {name: 0 for name in names}
+        for source, targets in self._data_flow.items():
+            src = _split_key(source, "pipeline source")[0]
+            for target in targets or []:
+                dst = _split_key(target, "pipeline target")[0]
+                if dst != src and dst not in successors[src]:
+                    successors[src].add(dst)
+                    pending[dst] += 1
+        ready = [rank[name] for name in names if pending[name] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            name = names[heapq.heappop(ready)]
+            order.append(name)
+            for nxt in successors[name]:
+                pending[nxt] -= 1
+                if pending[nxt] == 0:
+                    heapq.heappush(ready, rank[nxt])
+        if len(order) != len(names):
+            cycle = [name for name in names if pending[name] > 0]
+            _fatal(f"pipeline data_flow has a cycle through nodes {cycle}; loops must be "
+                   "listed under feedback_flow")
+        return order
+
+    def _load_initial_values(self) -> None:
+        self._initial: list[tuple[int, torch.Tensor]] = []
+        filename = self.pipeline.get("initial_values")
+        if not filename:
+            return
+        path = os.path.join(self._yaml_dir, filename)
+        if not os.path.exists(path):
+            _fatal(f"Feedback initial values file not found at {path}", FileNotFoundError)
+        from safetensors.torch import load_file
+
+        for key, tensor in load_file(path).items():
+            node, name = _split_key(key, "feedback initial value")
+            slot = self._slot_of.get((node, name))
+            if slot is None or node == OUTPUT_KEY:
+                inputs = self.nodes[node].input_names if node in self.nodes else None
+                _fatal(f"Feedback initial value key '{key}' does not match any node input. "
+                       f"Available nodes: {list(self.nodes)}"
+                       + (f"; inputs of '{node}': {inputs}" if inputs is not None else ""))
+            self._initial.append((slot, tensor.to(self.nodes[node].device)))
+
+    # ---- state ------------------------------------------------------------
+
+    def _fill_zeros(self) -> None:
+        for slot, shape, dtype, device in self._zeros:
+            self._program.set(slot, torch.zeros(shape, dtype=dtype, device=device))
+
+    def _apply_initial_values(self) -> None:
+        for slot, tensor in self._initial:
+            self._program.set(slot, tensor.clone())
+
+    def reset(self) -> None:
+        """Zero every input buffer and graph output, then reapply the initial values.
+
+        Buffers are replaced by fresh zero tensors, so tensors handed out by
+        earlier ``run_policy`` calls keep their values.
+        """
+        self._fill_zeros()
+        self._apply_initial_values()
+
+    def set_input_value(self, node_name: str, input_name: str, value: torch.Tensor) -> None:
+        """Copy ``value`` into the buffer of ``node_name/input_name`` (in place)."""
+        if node_name not in self.nodes:
+            _fatal(f"Node '{node_name}' not found. Available nodes: {list(self.nodes)}",
+                   KeyError)
+        node = self.nodes[node_name]
+        if input_name not in node.input_names:
+            _fatal(f"Input '{input_name}' not found in node '{node_name}'. "
+                   f"Available inputs: {node.input_names}", KeyError)
+        buffer = self._program.get(self._slot_of[(node_name, input_name)])
+        if tuple(value.shape) != tuple(buffer.shape):
+            _fatal(f"Shape mismatch for input '{node_name}/{input_name}': expected "
+                   f"{tuple(buffer.shape)}, got {tuple(value.shape)}")
+        with torch.no_grad():
+            buffer.copy_(value)
+
+    # ---- running ----------------------------------------------------------
+
+    def run_policy(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run one step of the pipeline.
+
+        Args:
+            inputs: tensors keyed ``"node_name/input_name"``; each must have the
+                declared shape and dtype.  Inputs left out keep their last value.
+
+        Returns:
+            A new dict ``{"node_name/output_name": tensor}`` of the graph outputs.
+        """
+        return self._program.run(inputs)
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Same as :meth:`run_policy`."""
+        return self._program.run(inputs)
+
+    def get_mock_input(self) -> dict[str, torch.Tensor]:
+        """Random tensors for every graph input, with its shape, dtype and device."""
+        mock = {}
+        for node_name, name in self._graph_ports("inputs"):
+            node = self.nodes[node_name]
+            i = node.input_names.index(name)
+            shape, dtype, device = node.input_shapes[i], node.input_dtypes[i], node.device
+            if dtype == torch.bool:
+                value = torch.randint(0, 2, shape, device=device).bool()
+            elif dtype.is_floating_point:
+                value = torch.randn(shape, device=device).to(dtype)
+            else:
+                high = min(256, torch.iinfo(dtype).max + 1)
+                value = torch.randint(0, high, shape, dtype=dtype, device=device)
+            mock[f"{node_name}/{name}"] = value
+        return mock
+
+    @property
+    def inputs(self) -> list[str]:
+        """Graph input keys ``"node/input"``, in YAML order."""
+        return [f"{n}/{p}" for n, p in self._graph_ports("inputs")]
+
+    @property
+    def outputs(self) -> list[str]:
+        """Graph output keys ``"node/output"``, in YAML order."""
+        return [f"{n}/{p}" for n, p in self._graph_ports("outputs")]
+
+    @property
+    def feedback_inputs(self) -> list[str]:
+        """Every feedback target ``"node/input"`` of ``feedback_flow``."""
+        return [t for targets in self._feedback_flow.values() for t in targets or []]
+
+    def __repr__(self) -> str:
+        return (f"InferenceManager({self.model_path!r}, nodes={self.run_order}, "
+                f"inputs={self.inputs}, outputs={self.outputs})")

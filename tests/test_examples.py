@@ -1,0 +1,99 @@
+"""The seed examples run, and their bundles hold what the seeds promise."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import onnxruntime as ort
+import torch
+import yaml
+
+from conftest import ROOT
+
+
+def _load(name: str):
+    path = os.path.join(ROOT, "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _yaml(bundle_dir: str, graph: str) -> dict:
+    with open(os.path.join(bundle_dir, f"{graph}.yaml")) as handle:
+        return yaml.safe_load(handle)
+
+
+def test_getting_started_bundle(tmp_path):
+    example = _load("getting_started")
+    torch.manual_seed(7)
+    bundle = example.main(str(tmp_path))
+    assert sorted(os.listdir(bundle)) == ["log.txt", "my_pipeline.png", "my_pipeline.yaml",
+                                          "predict.onnx", "preprocess.pt"]
+    spec = _yaml(bundle, "my_pipeline")
+    assert list(spec) == ["models", "pipeline", "system information"]
+    assert list(spec["models"]) == ["preprocess", "predict"]
+    pre = spec["models"]["preprocess"]
+    assert [p["name"] for p in pre["inputs"]] == ["obs1_name", "obs2_name"]
+    assert pre["outputs"] == [{"name": "processed_features", "dtype": "float32",
+                               "shape": [1, 16], "type": "tensor"}]
+    assert pre["parameters"]["model_path"] == "preprocess.pt"
+    assert spec["models"]["predict"]["parameters"]["backend"] == "onnx"
+    assert spec["pipeline"]["data_flow"] == {"preprocess/processed_features": ["predict/features"]}
+    assert spec["pipeline"]["inputs"] == {"preprocess": ["obs1_name", "obs2_name"]}
+    assert spec["pipeline"]["outputs"] == {"predict": ["output"]}
+    assert spec["pipeline"]["feedback_flow"] == {}
+    # the exported models reproduce the eager pipeline
+    torch.manual_seed(7)
+    obs1, obs2 = torch.randn(1, 8), torch.randn(1, 8)
+    features = torch.cat([obs1 - obs1.mean(), obs2 / (obs2.abs().max() + 1e-6)], dim=-1)
+    expected = torch.relu(features @ example.WEIGHTS)
+    pre_model = torch.jit.load(os.path.join(bundle, "preprocess.pt"))
+    got_features = pre_model(obs1, obs2)
+    assert torch.equal(got_features, features)
+    session = ort.InferenceSession(os.path.join(bundle, "predict.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"features": got_features.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-6)
+    log = open(os.path.join(bundle, "log.txt")).read()
+    for line in ("- Computation nodes: 2", "- Dangling inputs: 2", "- Dangling outputs: 1",
+                 "- Internal connections: 1", "- Total edges: 4"):
+        assert line in log
+
+
+def test_complete_pipeline_bundle(tmp_path):
+    example = _load("complete_pipeline")
+    torch.manual_seed(11)
+    bundle = example.main(str(tmp_path))
+    for name in ("complete_pipeline.yaml", "complete_pipeline.png", "preprocess.pt",
+                 "inference.pt", "postprocess.pt", "log.txt"):
+        assert os.path.exists(os.path.join(bundle, name)), name
+    spec = _yaml(bundle, "complete_pipeline")
+    assert list(spec["models"]) == ["preprocess", "inference", "postprocess"]
+    assert spec["models"]["preprocess"]["inputs"][0]["name"] == "raw_data"
+    assert spec["models"]["preprocess"]["outputs"][0]["name"] == "normalized"
+    assert spec["models"]["postprocess"]["outputs"][0]["dtype"] == "int64"
+    assert spec["pipeline"]["data_flow"] == {
+        "inference/predictions": ["postprocess/predictions"],
+        "preprocess/normalized": ["inference/features"],
+    }
+    torch.manual_seed(11)
+    raw = torch.randn(1, 10)
+    normalized = example.preprocess(raw)  # no session: the plain function
+    predictions = example.model(normalized)
+    final = torch.argmax(torch.softmax(predictions, dim=1), dim=1)
+    models = {n: torch.jit.load(os.path.join(bundle, f"{n}.pt"))
+              for n in ("preprocess", "inference", "postprocess")}
+    assert torch.equal(models["preprocess"](raw), normalized)
+    assert torch.equal(models["inference"](normalized), predictions.detach())
+    assert torch.equal(models["postprocess"](predictions.detach()), final)
+
+
+def test_getting_started_runs_as_a_script(tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "getting_started.py"),
+                             str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"Bundle written to {tmp_path}/my_pipeline" in result.stdout
