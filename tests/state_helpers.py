@@ -72,6 +72,21 @@ def node(name: str):
     return _core.nodes()[name]
 
 
+def _load_model(path: str):
+    """A callable taking and returning torch tensors: TorchScript or ONNX."""
+    if not path.endswith(".onnx"):
+        return torch.jit.load(path)
+    import onnxruntime
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def call(*args):
+        feed = {n: a.detach().cpu().numpy() for n, a in zip(names, args)}
+        return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+
+    return call
+
+
 class ExportedPipeline:
     """Steps an exported TorchScript bundle the way a runtime would, from its YAML.
 
@@ -85,7 +100,7 @@ class ExportedPipeline:
         models = self.doc["models"]
         pipeline = self.doc["pipeline"]
         self.order = list(models)
-        self.models = {n: torch.jit.load(os.path.join(bundle, m["parameters"]["model_path"]))
+        self.models = {n: _load_model(os.path.join(bundle, m["parameters"]["model_path"]))
                        for n, m in models.items()}
         self.inputs = {n: [p["name"] for p in m["inputs"]] for n, m in models.items()}
         self.outputs = {n: [p["name"] for p in m["outputs"]] for n, m in models.items()}

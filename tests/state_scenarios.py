@@ -257,6 +257,40 @@ def interleaved_forward(out):
     _compile()
 
 
+def self_loop(out):
+    leapp.start("self_loop", save_path=out)
+    memory = torch.zeros(2)
+    for _ in range(3):
+        x, m = annotate.input_tensors("a", {"x": torch.ones(2), "m": memory})
+        memory = annotate.output_tensors("a", {"m_out": x + 0.5 * m}, export_with="jit")
+    _compile()
+
+
+def clone_loop(out):
+    leapp.start("clone_loop", save_path=out)
+    memory = torch.zeros(2)
+    for _ in range(2):
+        x, m = annotate.input_tensors("a", {"x": torch.ones(2), "m": memory})
+        y = annotate.output_tensors("a", {"y": x + m}, export_with="jit")
+        z = annotate.input_tensors("b", {"y": y.clone().detach()})
+        memory = annotate.output_tensors("b", {"m_out": z * 0.5}, export_with="jit").clone()
+    _compile()
+
+
+def state_and_inferred(out):
+    leapp.start("state_and_inferred", save_path=out)
+    ext = torch.zeros(2)
+    for _ in range(2):
+        x, e = annotate.input_tensors("a", {"x": torch.ones(2), "ext": ext})
+        h = annotate.state_tensors("a", {"h": torch.zeros(2)})
+        h2 = h + x + e
+        annotate.update_state("a", {"h": h2})
+        y = annotate.output_tensors("a", {"y": h2 * 2.0}, export_with="jit")
+        z = annotate.input_tensors("b", {"y": y})
+        ext = annotate.output_tensors("b", {"ext_out": z - 1.0}, export_with="jit")
+    _compile()
+
+
 # ---- mirror_leapp_tags -------------------------------------------------------------
 
 class _Holder:
@@ -298,6 +332,7 @@ def overwrite_copy(out):
 SCENARIOS = [counter, unupdated_state, history, three_states, state_loop, register_buffer,
              gru_module, lstm_module, partial_module, filtered_module, nested_module,
              two_node_loop, three_node_loop, diamond_loop, two_loops, interleaved_forward,
+             self_loop, clone_loop, state_and_inferred,
              mirror_copy, overwrite_copy]
 
 

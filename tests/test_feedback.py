@@ -34,6 +34,9 @@ TOPOLOGIES = {
     "two_loops": ({"p1/y1": ["q1/y1"], "p2/y2": ["q2/y2"]},
                   {"q1/m1": ["p1/m"], "q2/m2": ["p2/m"]}),
     "interleaved_forward": ({"node_b/b_out": ["node_a/from_b"]}, {}),
+    "self_loop": ({}, {"a/m_out": ["a/m"]}),
+    "clone_loop": ({"a/y": ["b/y"]}, {"b/m_out": ["a/m"]}),
+    "state_and_inferred": ({"a/y": ["b/y"]}, {"a/h": ["a/h"], "b/ext_out": ["a/ext"]}),
 }
 
 
@@ -344,8 +347,6 @@ def test_stateful_gru_example(tmp_path):
     initial = load_initial(bundle, "stateful_gru")
     assert list(initial) == [f"policy/h_state{suffix[0]}"]
     assert torch.equal(initial[f"policy/h_state{suffix[0]}"], torch.zeros(1, 1, 32))
-    if backend != "jit":
-        return  # stepping below loads TorchScript
     sys.path.insert(0, os.path.join(REPO, "examples"))
     try:
         import stateful_gru_export as ex
@@ -360,8 +361,8 @@ def test_stateful_gru_example(tmp_path):
         with torch.no_grad():
             action = model(obs)
         got = pipe.step({"policy/obs": obs})
-        assert torch.allclose(got["policy/action"], action, atol=1e-6)
-        assert torch.allclose(got["policy/h_state"], model.h_state, atol=1e-6)
+        assert torch.allclose(got["policy/action"], action, atol=1e-5)
+        assert torch.allclose(got[f"policy/h_state{suffix[1]}"], model.h_state, atol=1e-5)
 
 
 # ---- the same pipelines under upstream leapp -----------------------------------------------
