@@ -31,6 +31,8 @@ enum {
     OP_INPLACE = 1,    /* mutates args[0]: record a functional rewrite */
     OP_COPY = 2,       /* clone/detach/contiguous/cpu/cuda: keeps provenance */
     OP_TO = 3,         /* .to(): keeps provenance when the dtype is unchanged */
+    OP_OVERWRITE = 4,  /* __setitem__ / copy_: in place; a full overwrite from a
+                        * published value adopts its provenance */
 };
 
 typedef struct {

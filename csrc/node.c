@@ -592,7 +592,7 @@ node_new_value(NodeObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 /* bind_const(tensor, vid=-1) -> int: a value id (fresh unless given) defined
- * as a constant of the node. */
+ * as a constant of the node; a given vid is defined at the start of the log. */
 static PyObject *
 node_bind_const(NodeObject *self, PyObject *args_in)
 {
@@ -617,7 +617,12 @@ node_bind_const(NodeObject *self, PyObject *args_in)
         goto done;
     }
     record = PyTuple_Pack(4, Py_None, args, Py_None, vid);
-    if (record == NULL || PyList_Append(self->ops, record) < 0) {
+    /* A given vid (an input turned into a constant) already has uses in the
+     * log: its definition goes first so that pruning, which walks the log
+     * backwards, sees the uses before the definition. */
+    if (record == NULL
+        || (given >= 0 ? PyList_Insert(self->ops, 0, record) : PyList_Append(self->ops, record))
+               < 0) {
         Py_CLEAR(vid);
     }
 done:

@@ -222,7 +222,7 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
     PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
     Py_INCREF(targs);
     Py_XINCREF(tkwargs);
-    if (kind == OP_INPLACE) {
+    if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
         /* Rewritten before the op runs: the functional form may need a
          * snapshot of a plain receiver's value. */
         PyObject *call[3] = {func, args, kwargs};
@@ -245,7 +245,8 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
     if (result == NULL) {
         goto error;
     }
-    if (kind == OP_INPLACE && receiver != NULL && is_tensor(st, receiver)) {
+    if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && receiver != NULL
+        && is_tensor(st, receiver)) {
         Py_ssize_t vid = node->nvalues++;
         if (bind_result(st, node, receiver, vid) < 0) {
             goto error;
@@ -278,6 +279,70 @@ done:
     return result;
 }
 
+/* Whether key (of dst[key] = value) selects the whole tensor: `...` or `:`. */
+static int
+is_full_key(PyObject *key)
+{
+    PySliceObject *s;
+    if (key == Py_Ellipsis) {
+        return 1;
+    }
+    if (!PySlice_Check(key)) {
+        return 0;
+    }
+    s = (PySliceObject *)key;
+    return s->start == Py_None && s->stop == Py_None && s->step == Py_None;
+}
+
+/* 1 when attribute name of a and b compares equal, 0 when not, -1 on error. */
+static int
+same_attr(PyObject *a, PyObject *b, PyObject *name)
+{
+    PyObject *x = PyObject_GetAttr(a, name), *y = x ? PyObject_GetAttr(b, name) : NULL;
+    int eq = (x != NULL && y != NULL) ? PyObject_RichCompareBool(x, y, Py_EQ) : -1;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return eq;
+}
+
+/* dst.copy_(src) or dst[:] = src outside a tracing node: a full overwrite
+ * from a published value with dst's shape and dtype makes dst carry that
+ * value's provenance (returns 1); otherwise returns 0, or -1 on error. */
+static int
+adopt_overwrite(leapp_state *st, PyObject *args)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *dst, *src;              /* borrowed from args */
+    CarrierObject *from;              /* borrowed: src's carrier */
+    int eq;
+    if (n == 2) {                     /* copy_(dst, src) */
+        src = PyTuple_GET_ITEM(args, 1);
+    }
+    else if (n == 3 && is_full_key(PyTuple_GET_ITEM(args, 1))) {
+        src = PyTuple_GET_ITEM(args, 2); /* __setitem__(dst, key, src) */
+    }
+    else {
+        return 0;
+    }
+    dst = PyTuple_GET_ITEM(args, 0);
+    from = carrier_of(st, src);
+    if (from == NULL || from->port == NULL || !is_tensor(st, dst) || dst == src) {
+        return 0;
+    }
+    eq = same_attr(dst, src, st->str_shape);
+    if (eq == 1) {
+        eq = same_attr(dst, src, st->str_dtype);
+    }
+    if (eq != 1) {
+        return eq;
+    }
+    if (carrier_promote(st, dst) < 0
+        || carrier_attach(st, dst, from->node, from->vid, from->port, from->declared) < 0) {
+        return -1;
+    }
+    return 1;
+}
+
 /* Ops on values of finished nodes: eager, keeping the port through copies. */
 static PyObject *
 trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
@@ -286,10 +351,20 @@ trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *typ
     PyObject *result = run_eager(st, func, types, args, kwargs);
     PyObject *src = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL; /* borrowed */
     CarrierObject *c = src ? carrier_of(st, src) : NULL;                         /* borrowed */
+    if (result != NULL && kind == OP_OVERWRITE) {
+        int adopted = adopt_overwrite(st, args);
+        if (adopted < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        if (adopted) {
+            return result;
+        }
+    }
     if (result == NULL || c == NULL || c != w->first) {
         return result;
     }
-    if (kind == OP_INPLACE && c->port != NULL) {
+    if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && c->port != NULL) {
         Py_CLEAR(c->port); /* a published value changed in place is a new value */
         return result;
     }

@@ -13,15 +13,16 @@ import torch
 
 from . import _core
 from ._payload import Leaf
-from ._traced import clone_plain, plain
+from ._traced import plain
 
 
 class _Tracked:
-    __slots__ = ("owner", "attr", "name", "original", "traced")
+    __slots__ = ("owner", "attr", "name", "original", "traced", "constant")
 
     def __init__(self, owner: torch.nn.Module, attr: str, name: str, original: torch.Tensor):
         self.owner, self.attr, self.name, self.original = owner, attr, name, original
         self.traced: Any = None
+        self.constant = False  # read-only during the first pass: baked into the model
 
 
 class BufferTracker:
@@ -33,6 +34,7 @@ class BufferTracker:
         self.model = model
         self.wanted = None if buffer_names is None else set(buffer_names)
         self.tracked: list[_Tracked] = []
+        self.reentered: list[_Tracked] = []
         self.restored = False
 
     def inject(self, api: Any, node: Any) -> None:
@@ -62,7 +64,32 @@ class BufferTracker:
                 continue
             port = node_info.states.pop(entry.name)
             node.inputs.remove(port)
-            node.bind_const(clone_plain(entry.original), port.vid)
+            # The value the node read: an in-place write (copy_) may have
+            # changed the buffer since it was declared.
+            node.bind_const(port.value, port.vid)
+            entry.constant = True
+
+    def reenter(self, api: Any, node: Any) -> None:
+        """A later pass: check the state buffers and cache their values."""
+        from ._session import info
+        states = info(node).states
+        self.reentered = []
+        for entry in self.tracked:
+            port = states.get(entry.name)
+            if entry.constant or port is None:
+                continue
+            current = entry.owner._buffers.get(entry.attr)
+            api._check_same(node, port, Leaf(entry.name, current, None, (entry.name,)))
+            api._cache(node, port, current)
+            self.reentered.append(entry)
+
+    def collect_reentry(self, api: Any, node: Any) -> None:
+        """At the end of a later pass: the buffers' new values are the state updates."""
+        for entry in self.reentered:
+            current = entry.owner._buffers.get(entry.attr)
+            if current is not None:
+                api.update_state(node.name, {entry.name: current})
+        self.reentered = []
 
     def restore(self) -> None:
         """Put real tensors back on the module (idempotent)."""

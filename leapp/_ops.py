@@ -3,6 +3,9 @@ ops, and the small scriptable helpers the rewrites record.
 
 The C handler asks classify() once per function and caches the answer; it
 calls rewrite() only for in-place ops, which are rare on the hot path.
+__setitem__ and copy_ are in-place ops of their own kind: outside a tracing
+node, a full overwrite (dst[:] = src, dst[...] = src, dst.copy_(src)) from a
+published value of the same shape and dtype adopts that value's port.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import torch
 
 from . import _core
 
-OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO = 0, 1, 2, 3
+OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE = 0, 1, 2, 3, 4
 
 _COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
 _INPLACE_DUNDERS = {
@@ -60,6 +63,8 @@ def functional_twin(func: Any) -> Callable | None:
 def classify(func: Any) -> int:
     """The kind of a torch function, cached by the C core per function."""
     name = _name(func)
+    if func is torch.Tensor.__setitem__ or func is torch.Tensor.copy_:
+        return OP_OVERWRITE
     if functional_twin(func) is not None:
         return OP_INPLACE
     if name in _COPY_NAMES:

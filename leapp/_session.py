@@ -81,8 +81,11 @@ def _describe(value: torch.Tensor) -> tuple[str, tuple]:
     return _core.dtype_name(value), tuple(int(s) for s in value.shape)
 
 
-def _shape_text(port: Any) -> str:
-    return f"{{name: {port.name}, dtype: {port.dtype}, shape: {list(port.shape)}}}"
+def _shape_text(name: str, dtype: str, shape: tuple, semantics: dict | None = None) -> str:
+    """A port description for messages: name, dtype, shape and semantic fields."""
+    fields = [f"name: {name}", f"dtype: {dtype}", f"shape: {list(shape)}"]
+    fields += [f"{key}: {value}" for key, value in (semantics or {}).items()]
+    return "{" + ", ".join(fields) + "}"
 
 
 def _port_names(node: Any, outputs: bool) -> list[str]:
@@ -187,10 +190,12 @@ class SessionAPI:
         semantics = leaf.semantics
         if dtype != port.dtype or shape != tuple(port.shape) or (
                 semantics is not None and semantics != port.semantics):
-            new = f"{{name: {leaf.name}, dtype: {dtype}, shape: {list(shape)}}}"
+            old = _shape_text(port.name, port.dtype, port.shape, port.semantics)
+            new = _shape_text(leaf.name, dtype, shape,
+                              semantics if semantics is not None else port.semantics)
             fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
                   f"{node.name} with new i/o {leaf.name} \nbut the description has changed "
-                  f"from {_shape_text(port)} to {new}.\nThis can happen if some dynamic "
+                  f"from {old} to {new}.\nThis can happen if some dynamic "
                   f"behavior is not captured by the annotations")
 
     def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:
@@ -337,6 +342,8 @@ class SessionAPI:
 
     def _reenter_outputs(self, node: Any, leaves: list[Leaf]) -> None:
         node_info = info(node)
+        for tracker in node_info.trackers:
+            tracker.collect_reentry(self, node)
         for leaf in leaves:
             port = self._find_port(node, leaf.name, outputs=True)
             self._check_same(node, port, leaf)
@@ -375,8 +382,12 @@ class SessionAPI:
             replaced = {}
             for leaf in flatten(values, fields):
                 if leaf.name in node_info.states:
-                    logger.warning("State '%s' of node '%s' is already declared.", leaf.name,
-                                   node.name)
+                    logger.warning("State '%s' of node '%s' is already declared; the existing "
+                                   "state value is returned.", leaf.name, node.name)
+                    port = node_info.states[leaf.name]
+                    existing = alias(clone_plain(port.value))
+                    _core.set_carrier(existing, node, port.vid, None, True)
+                    replaced[leaf.path] = existing
                     continue
                 traced = self._new_input(node, leaf, state=True)
                 node_info.states[leaf.name] = node.inputs[-1]
@@ -440,7 +451,12 @@ class SessionAPI:
         from ._buffers import BufferTracker
         node = self._existing("module", node_name)
         if not node.is_tracing:
+            for tracker in info(node).trackers:
+                if tracker.model is model:
+                    tracker.reenter(self, node)
             return None
+        if any(tracker.model is model for tracker in info(node).trackers):
+            return None  # already tracked by this node
         tracker = BufferTracker(model, buffer_names)
         tracker.inject(self, node)
         info(node).trackers.append(tracker)

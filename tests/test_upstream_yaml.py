@@ -2,6 +2,7 @@
 same code, key by key and line by line (checksums aside)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -10,7 +11,12 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT, upstream_python
+# tests/conftest.py by path: the name `conftest` may be bound to tests/c/conftest.py
+_spec = importlib.util.spec_from_file_location(
+    "_tests_conftest", os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"))
+_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_conftest)
+ROOT, upstream_python = _conftest.ROOT, _conftest.upstream_python
 
 PIPELINES = {
     "chain_semantics.py": ("chain_semantics", []),

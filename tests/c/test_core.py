@@ -35,9 +35,11 @@ def test_value_ids_and_constants(core):
     const = object()
     vid = node.bind_const(const)
     assert vid == 3 and node.consts == [const]
-    assert node.bind_const(const, 1) == 1 and node.consts == [const]  # deduplicated
     func, args, kwargs, out = node.ops[0]
     assert func is None and args[0].kind == 1 and out == 3
+    assert node.bind_const(const, 1) == 1 and node.consts == [const]  # deduplicated
+    # a given value id may already be used: its definition goes first in the log
+    assert [rec[3] for rec in node.ops] == [1, 3]
 
 
 def test_prune_walks_back_from_outputs(core):
