@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.leapp-setup
 
-.PHONY: setup build demo test test-asan bench compat clean
+.PHONY: setup build demo test test-asan bench compat upstream-venv clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ bench: build
 
 compat: build
 	$(PY) bench/compat.py --setup
+
+# Upstream leapp 0.7.2 in .compat-venv (torch pinned as everywhere): with it,
+# `make test` also runs the side-by-side compatibility tests.
+upstream-venv: setup
+	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import compat; compat.setup_venv()"
 
 clean:
 	rm -rf build leapp/*.so

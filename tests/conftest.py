@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT  # noqa: E402
+
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -41,14 +42,3 @@ def bundle(tmp_path):
                 return yaml.safe_load(handle)
 
     return Bundle()
-
-
-def upstream_python() -> str | None:
-    """An interpreter with upstream leapp 0.7.2, if one is set up beside us."""
-    candidates = [os.environ.get("LEAPP_UPSTREAM_PYTHON"),
-                  os.path.join(ROOT, ".compat-venv", "bin", "python"),
-                  "/work/upstream-venv/bin/python"]
-    for path in candidates:
-        if path and os.path.exists(path):
-            return path
-    return None

@@ -13,7 +13,9 @@ import leapp.lifecycle
 from leapp import _core
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UPSTREAM_PYTHON = "/work/upstream-venv/bin/python"
+from support import upstream_python  # noqa: E402
+
+UPSTREAM_PYTHON = upstream_python() or "/nonexistent/upstream-python"
 
 
 def _flow_tuples(dumper: yaml.SafeDumper, value: tuple) -> yaml.Node:

@@ -27,7 +27,9 @@ from leapp import annotate
 from op_catalogue import GROUPS as SHARED_GROUPS
 
 BACKENDS = ["jit", "jit-trace", "onnx", "onnx-torchscript", "pt2"]
-UPSTREAM_PYTHON = "/work/upstream-venv/bin/python"
+from support import upstream_python  # noqa: E402
+
+UPSTREAM_PYTHON = upstream_python() or "/nonexistent/upstream-python"
 
 
 # ---------------------------------------------------------------------------

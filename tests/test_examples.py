@@ -10,7 +10,7 @@ import onnxruntime as ort
 import torch
 import yaml
 
-from conftest import ROOT
+from support import ROOT
 
 
 def _load(name: str):
@@ -94,6 +94,6 @@ def test_complete_pipeline_bundle(tmp_path):
 def test_getting_started_runs_as_a_script(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "getting_started.py"),
                              str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
-                            timeout=300)
+                            timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr
     assert f"Bundle written to {tmp_path}/my_pipeline" in result.stdout

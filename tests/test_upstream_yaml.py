@@ -11,12 +11,7 @@ import sys
 import pytest
 import yaml
 
-# tests/conftest.py by path: the name `conftest` may be bound to tests/c/conftest.py
-_spec = importlib.util.spec_from_file_location(
-    "_tests_conftest", os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"))
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-ROOT, upstream_python = _conftest.ROOT, _conftest.upstream_python
+from support import ROOT, upstream_python
 
 PIPELINES = {
     "chain_semantics.py": ("chain_semantics", []),
