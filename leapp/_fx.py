@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from . import _core
 from ._ops import BINARY_OPERATORS, reverse_dims
+from ._logging import logger
 from ._traced import clone_plain
 
 _TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
@@ -156,9 +157,7 @@ class _Builder:
         results = [self.env[v] for v in output_vids]
         self.graph.output(results[0] if len(results) == 1 else tuple(results))
         self.graph.lint()
-        module = fx.GraphModule(self.root, self.graph, class_name=_safe_name(self.node.name, set()))
-        module.eval()
-        return module
+        return fx.GraphModule(self.root, self.graph, class_name=_safe_name(self.node.name, set()))
 
 
 def _safe_name(name: str, used: set[str]) -> str:
@@ -172,7 +171,40 @@ def _safe_name(name: str, used: set[str]) -> str:
     return candidate
 
 
+class LazyGraphModule:
+    """A finished node's graph, generated on first use (once).
+
+    Building the fx.Graph and generating the GraphModule's Python code is most
+    of a node's tracing cost and only compile_graph needs it, so the trace pass
+    only records; the graph is built from the pruned op log when asked for.
+    """
+
+    # Module attributes TorchScript need not type (typing the fx.Graph costs
+    # tens of milliseconds per node and is then ignored anyway).
+    _JIT_IGNORED = ["_graph", "_code", "_lineno_map", "_prologue_start", "_tracer_cls",
+                    "_tracer_extras", "meta", "shape_env"]
+
+    def __init__(self, node: Any, live_ops: list[int], inputs: list,
+                 output_vids: list[int]) -> None:
+        self._args = (node, list(live_ops), list(inputs), list(output_vids))
+        self._module: fx.GraphModule | None = None
+
+    @property
+    def module(self) -> fx.GraphModule:
+        if self._module is None:
+            node = self._args[0]
+            module = _Builder(node).build(*self._args[1:])
+            type(module).__jit_ignored_attributes__ = list(self._JIT_IGNORED)
+            self._module = module.eval()
+            logger.debug("Compiled graph module for %s:\n%s", node.name, module.graph)
+        return self._module
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.module.graph
+
+
 def build_graph_module(node: Any, live_ops: list[int], inputs: list,
-                       output_vids: list[int]) -> fx.GraphModule:
-    """The GraphModule computing the node's outputs from its (unpruned) inputs."""
-    return _Builder(node).build(live_ops, inputs, output_vids)
+                       output_vids: list[int]) -> LazyGraphModule:
+    """The graph computing the node's outputs from its (unpruned) inputs."""
+    return LazyGraphModule(node, live_ops, inputs, output_vids)

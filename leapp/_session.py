@@ -295,7 +295,6 @@ class SessionAPI:
             check_backend(node.name, export_with, backend_params)
         node_info.graph_module = build_graph_module(
             node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
-        logger.debug("Compiled graph module for %s:\n%s", node.name, node_info.graph_module.graph)
         for leaf in leaves:
             carrier = _core.carrier_of(leaf.value)
             if carrier.port is None:  # one value published twice keeps its first port

@@ -152,7 +152,7 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
         inputs = [p.value for p in node.inputs]
         try:
             result = export_node(node.name, node_info.export_with, node_info.backend_params,
-                                 node_info.graph_module, inputs, [p.name for p in node.inputs],
+                                 node_info.graph_module.module, inputs, [p.name for p in node.inputs],
                                  [p.name for p in node.outputs], work_dir)
         except Exception as exc:
             fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
