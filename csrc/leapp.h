@@ -52,7 +52,6 @@ typedef struct {
     PyObject *rewrite;        /* (func, args, kwargs) -> (func, args, kwargs) */
     PyObject *alias;          /* tensor -> new TracedTensor sharing storage */
     PyObject *session_api;    /* facade object with the traced slow paths */
-    PyObject *annotate_error; /* payload error helper: (api, node, payload) */
 
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */

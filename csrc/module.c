@@ -4,7 +4,7 @@
 #define STATE_OBJECTS(X)                                                     \
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
-    X(classify) X(rewrite) X(alias) X(session_api) X(annotate_error)         \
+    X(classify) X(rewrite) X(alias) X(session_api)                           \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(nodes)
 
@@ -35,15 +35,15 @@ module_free(void *module)
 }
 
 /* _bind(traced_type, tensor_type, run_disabled, classify, rewrite, alias,
- *       session_api, annotate_error): the facade hands over the torch objects
+ *       session_api): the facade hands over the torch objects
  * once at import, so the extension never needs torch to build. */
 static PyObject *
 module_bind(PyObject *module, PyObject *args)
 {
     leapp_state *st = leapp_get_state(module);
-    PyObject *traced, *tensor, *run, *classify, *rewrite, *alias, *api, *err;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO:_bind", &traced, &tensor, &run,
-                          &classify, &rewrite, &alias, &api, &err)) {
+    PyObject *traced, *tensor, *run, *classify, *rewrite, *alias, *api;
+    if (!PyArg_ParseTuple(args, "OOOOOOO:_bind", &traced, &tensor, &run, &classify, &rewrite,
+                          &alias, &api)) {
         return NULL;
     }
     Py_XSETREF(st->traced_type, Py_NewRef(traced));
@@ -53,7 +53,6 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
-    Py_XSETREF(st->annotate_error, Py_NewRef(err));
     st->same_layout = 0;
     if (PyType_Check(traced) && PyType_Check(tensor)) {
         PyTypeObject *a = (PyTypeObject *)traced, *b = (PyTypeObject *)tensor;

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from . import _core, _ops
-from ._session import API, passthrough_api
+from ._session import API
 from ._traced import TracedTensor, alias
 
 _core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,
-            _ops.classify, _ops.rewrite, alias, API, passthrough_api)
+            _ops.classify, _ops.rewrite, alias, API)
 
 from . import annotate  # noqa: E402
 from ._patching import FunctionPatch  # noqa: E402

@@ -93,9 +93,3 @@ def rebuild(values: dict, replaced: dict[tuple, Any]) -> Any:
 
     out = [walk(v, (k,)) for k, v in values.items()]
     return out[0] if len(out) == 1 else tuple(out)
-
-
-def passthrough(api: str, node: str, payload: Any) -> Any:
-    """What an annotation returns with no session: the payload's values."""
-    values, _ = normalize(api, node, payload)
-    return rebuild(values, {})

@@ -24,7 +24,7 @@ import torch
 from . import _core
 from ._fx import build_graph_module
 from ._logging import fatal, logger
-from ._payload import Leaf, flatten, normalize, passthrough, rebuild
+from ._payload import Leaf, flatten, normalize, rebuild
 from ._traced import TracedTensor, alias, clone_plain, plain
 
 
@@ -640,7 +640,3 @@ def _mirror(source: Any, target: Any) -> None:
 
 
 API = SessionAPI()
-
-
-def passthrough_api(api: str, node: str, payload: Any) -> Any:
-    return passthrough(api, node, payload)

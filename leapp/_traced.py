@@ -20,6 +20,22 @@ class TracedTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):  # pickles as the plain tensor it holds
         return plain(self).__reduce_ex__(protocol)
 
+    def numpy(self, *, force: bool = False):
+        """The values as an ndarray; torch.from_numpy() of it keeps the trace."""
+        array = plain(self).numpy(force=force)
+        _patching().NUMPY_LINKS.remember(array, _core.carrier_of(self))
+        return array
+
+    def __array__(self, dtype=None, copy=None):
+        array = plain(self).__array__(dtype) if dtype is not None else plain(self).__array__()
+        _patching().NUMPY_LINKS.remember(array, _core.carrier_of(self))
+        return array
+
+
+def _patching():
+    from . import _patching as module
+    return module
+
 
 def plain(t: Any) -> Any:
     """A plain torch.Tensor sharing t's storage (t itself when already plain)."""

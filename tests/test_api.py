@@ -365,3 +365,28 @@ def test_annotations_from_a_second_thread(bundle):
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("back", ["from_numpy", "as_tensor"])
+def test_numpy_round_trip_keeps_the_trace(bundle, back):
+    import numpy as np
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": torch.arange(4.0)})
+    array = (x * 2).numpy() if back == "from_numpy" else np.asarray(x * 2)
+    y = getattr(torch, back)(array) + 1
+    annotate.output_tensors("n", {"y": y}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"n": True}
+    model = torch.jit.load(os.path.join(bundle.dir("g"), "n.pt"))
+    assert torch.equal(model(torch.ones(4)), torch.full((4,), 3.0))
+
+
+def test_global_patching_off_and_restored(bundle):
+    original = torch.from_numpy
+    leapp.start("g", save_path=bundle.root, global_patching=False)
+    assert torch.from_numpy is original
+    leapp.stop()
+    leapp.start("g", save_path=bundle.root)
+    assert torch.from_numpy is not original
+    leapp.stop()
+    assert torch.from_numpy is original
