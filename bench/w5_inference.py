@@ -197,7 +197,18 @@ def main() -> None:
         chain = [(f"step{i}", Step(), "x", "y", [1, 32]) for i in range(10)]
         path = write_bundle(os.path.join(tmp, "chain10"), "chain10", chain)
         result["chain10"] = measure(path, chain, calls, repeats)
-    print(json.dumps(result))
+    from _common import emit
+    figures, budgets = {}, {}
+    for name in ("w1", "chain10"):
+        measured = result[name]
+        # The conservative baseline: each model's forward() called directly.
+        per_node = measured["overhead_vs_forward_us"] / measured["nodes"]
+        figures[f"{name}_overhead_per_node_us"] = round(per_node, 3)
+        figures[f"{name}_run_policy_us"] = measured["run_policy_us"]
+        budgets[f"{name}_overhead_per_node_us"] = {"max": 3.0, "max_ratio": 0.2}
+    emit("W5", "run_policy overhead beyond the node models' own calls", figures, budgets,
+         info={"calls": calls, "repeats": repeats, "detail": {k: result[k] for k in
+                                                             ("w1", "chain10")}})
 
 
 if __name__ == "__main__":
