@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -53,6 +55,7 @@ class NodeInfo:
     trackers: list = field(default_factory=list)        # module buffer trackers
     graph_module: Any = None
     live_ops: list = field(default_factory=list)        # op indices reaching outputs
+    origins: set = field(default_factory=set)           # where pass 1 declared inputs
     pending: dict = field(default_factory=dict)         # re-entry sample in progress
     samples: int = 0                                    # cached re-entry samples
 
@@ -116,13 +119,26 @@ class SessionAPI:
 
     # ---- inputs -------------------------------------------------------------
 
-    def input_tensors(self, node_name: str, tensors: Any) -> Any:
+    def input_tensors(self, node_name: str, tensors: Any, _origin: Any = None) -> Any:
         """Declare node inputs; returns traced values (plain ones on re-entry)."""
         values, fields = normalize("input_tensors", node_name, tensors)
         if not _core.is_tracing():
             return rebuild(values, {})
         node = _nodes().get(node_name) or self._new_node(node_name)
+        self._check_origin(node, _origin if _origin is not None else _call_site())
         return self._declare(node, values, fields, state=False)
+
+    def _check_origin(self, node: Any, origin: Any) -> None:
+        """A node re-enters only from where its first trace declared inputs."""
+        origins = info(node).origins
+        if node.is_tracing:
+            origins.add(origin)
+        elif origin not in origins:
+            where = ", ".join(sorted(_origin_text(o) for o in origins))
+            fatal(f"Error: node '{node.name}' is being called from a different annotation "
+                  f"origin than the first trace ({_origin_text(origin)}; first traced from "
+                  f"{where}). Cannot reuse a node name from a different call site. Give the "
+                  f"node at this call site its own name.")
 
     def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
@@ -489,6 +505,7 @@ class SessionAPI:
         params = list(signature.parameters.values())
         skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
         node = _nodes().get(node_name) or self._new_node(node_name)
+        origin = ("method", getattr(target, "__code__", target))
         call_args: list = []
         call_kwargs: dict = {}
         for index, param in enumerate(params):
@@ -502,14 +519,15 @@ class SessionAPI:
                 call_args.append(value)
             elif param.kind is param.VAR_POSITIONAL:
                 for i, item in enumerate(value):
-                    call_args.append(self._method_input(node_name, f"arg_{i}", item))
+                    call_args.append(self._method_input(node_name, f"arg_{i}", item, origin))
             elif param.kind is param.VAR_KEYWORD:
                 for key, item in value.items():
-                    call_kwargs[key] = self._method_input(node_name, key, item)
+                    call_kwargs[key] = self._method_input(node_name, key, item, origin)
             elif param.kind is param.KEYWORD_ONLY:
-                call_kwargs[param.name] = self._method_input(node_name, param.name, value)
+                call_kwargs[param.name] = self._method_input(node_name, param.name, value,
+                                                             origin)
             else:
-                call_args.append(self._method_input(node_name, param.name, value))
+                call_args.append(self._method_input(node_name, param.name, value, origin))
         result = fn(*call_args, **call_kwargs)
         names = return_names(target)
         if result is None:
@@ -529,10 +547,30 @@ class SessionAPI:
                             backend_params=options.get("backend_params") or {})
         return result
 
-    def _method_input(self, node_name: str, name: str, value: Any) -> Any:
+    def _method_input(self, node_name: str, name: str, value: Any, origin: Any) -> Any:
         if _has_tensor(value):
-            return self.input_tensors(node_name, {name: value})
+            return self.input_tensors(node_name, {name: value}, _origin=origin)
         return value
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _call_site() -> tuple:
+    """(file, line) of the nearest frame outside the leapp package."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _origin_text(origin: Any) -> str:
+    if origin[0] == "method":
+        code = origin[1]
+        return f"@annotate.method {getattr(code, 'co_name', code)}"
+    return f"{origin[0]}:{origin[1]}"
 
 
 def _has_tensor(value: Any) -> bool:

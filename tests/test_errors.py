@@ -216,11 +216,73 @@ def test_unknown_backend_params_name_the_accepted_keys(bundle):
 
 
 def test_reentry_with_a_changed_shape(bundle):
+    def declare(payload):
+        return annotate.input_tensors("n", payload)
+
     leapp.start("g", save_path=bundle.root)
-    x = annotate.input_tensors("n", {"x": torch.ones(2)})
+    x = declare({"x": torch.ones(2)})
     annotate.output_tensors("n", {"y": x + 1}, export_with="jit")
     with pytest.raises(RuntimeError, match="Validation error when reentering node") as info:
-        annotate.input_tensors("n", {"x": torch.ones(3)})
+        declare({"x": torch.ones(3)})
     assert "shape: [2]" in str(info.value) and "shape: [3]" in str(info.value)
     with pytest.raises(RuntimeError, match="failed to find it"):
-        annotate.input_tensors("n", {"other": torch.ones(2)})
+        declare({"other": torch.ones(2)})
+
+
+def _two_passes(bundle, first, second):
+    leapp.start("g", save_path=bundle.root)
+    for declare in (first, second):
+        x = declare()
+        annotate.output_tensors("n", {"y": x + 1}, export_with="jit")
+
+
+def test_reentry_from_another_helper_is_refused(bundle):
+    def helper_a():
+        return annotate.input_tensors("n", {"x": torch.ones(2)})
+
+    def helper_b():
+        return annotate.input_tensors("n", {"x": torch.ones(2)})
+
+    with pytest.raises(RuntimeError, match="Cannot reuse a node name from a different call "
+                                           "site.") as info:
+        _two_passes(bundle, helper_a, helper_b)
+    assert "different annotation origin" in str(info.value)
+
+
+def test_reentry_from_the_same_helper_and_in_a_loop_is_fine(bundle):
+    def helper():
+        return annotate.input_tensors("n", {"x": torch.ones(2)})
+
+    _two_passes(bundle, helper, helper)  # the helper called from two places
+    for _ in range(3):
+        x = annotate.input_tensors("m", {"x": torch.ones(2)})
+        annotate.output_tensors("m", {"y": x * 2}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"n": True, "m": True}
+
+
+def test_reentry_from_another_branch_is_refused(bundle):
+    leapp.start("g", save_path=bundle.root)
+    with pytest.raises(RuntimeError, match="Cannot reuse a node name"):
+        for step in range(2):
+            if step == 0:
+                x = annotate.input_tensors("n", {"x": torch.ones(2)})
+            else:
+                x = annotate.input_tensors("n", {"x": torch.ones(2)})
+            annotate.output_tensors("n", {"y": x + 1}, export_with="jit")
+
+
+def test_methods_sharing_a_node_name_are_refused(bundle):
+    @annotate.method(node_name="shared", export_with="jit")
+    def first(x):
+        return x + 1
+
+    @annotate.method(node_name="shared", export_with="jit")
+    def second(x):
+        return x + 1
+
+    leapp.start("g", save_path=bundle.root)
+    first(torch.ones(2))
+    first(torch.ones(2))  # the same method again: a re-entry
+    with pytest.raises(RuntimeError, match="Cannot reuse a node name"):
+        second(torch.ones(2))
