@@ -390,3 +390,29 @@ def test_global_patching_off_and_restored(bundle):
     assert torch.from_numpy is not original
     leapp.stop()
     assert torch.from_numpy is original
+
+
+def test_failed_compile_leaves_the_previous_bundle_intact(bundle, monkeypatch):
+    _chain(bundle.root)
+    leapp.compile_graph(visualize=False)
+    before = {name: open(os.path.join(bundle.dir("g"), name), "rb").read()
+              for name in ("g.yaml", "a.pt", "b.pt")}
+    _chain(bundle.root)
+    import leapp.backends.jit as jit_backend
+    original = jit_backend.export
+    calls = []
+
+    def failing(node, *args, **kwargs):
+        calls.append(node)
+        if node == "b":
+            raise RuntimeError("interrupted while exporting b")
+        return original(node, *args, **kwargs)
+
+    monkeypatch.setattr(jit_backend, "export", failing)
+    with pytest.raises(RuntimeError, match="interrupted while exporting b"):
+        leapp.compile_graph(visualize=False)
+    assert calls == ["a", "b"]
+    files = sorted(os.listdir(bundle.dir("g")))
+    assert files == ["a.pt", "b.pt", "g.yaml", "log.txt"]  # no temporary directory left
+    for name, content in before.items():  # nothing half-written: the old bundle stands
+        assert open(os.path.join(bundle.dir("g"), name), "rb").read() == content
