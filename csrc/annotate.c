@@ -143,6 +143,10 @@ method_vectorcall(MethodObject *self, PyObject *const *args, size_t nargsf, PyOb
             }
         }
     }
+    if (st->session_api == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "leapp._core is not bound to the facade yet");
+        goto done;
+    }
     meth = PyObject_GetAttrString(st->session_api, "call_method");
     if (meth == NULL) {
         goto done;

@@ -53,6 +53,9 @@ sorted_dict(PyObject *mapping)
     for (i = 0; i < PyList_GET_SIZE(keys); i++) {
         PyObject *k = PyList_GET_ITEM(keys, i);          /* borrowed */
         PyObject *v = PyDict_GetItemWithError(mapping, k); /* borrowed */
+        if (v == NULL && !PyErr_Occurred()) {
+            PyErr_SetObject(PyExc_KeyError, k);
+        }
         if (v == NULL || PyDict_SetItem(out, k, v) < 0) {
             Py_CLEAR(out);
             goto done;
@@ -81,16 +84,35 @@ add_message(PyObject *messages, const char *level, PyObject *text)
     return rc;
 }
 
-/* The producer's output port named src_port, or NULL (borrowed, no error). */
+/* Port items of a node's port list, checked: the lists are open to Python. */
 static PortObject *
-find_output(NodeObject *src, PyObject *src_port)
+port_at(leapp_state *st, PyObject *ports, Py_ssize_t i)
+{
+    PyObject *item = PyList_GET_ITEM(ports, i); /* borrowed */
+    if (!PyObject_TypeCheck(item, st->port_type)) {
+        PyErr_Format(PyExc_TypeError, "a node's port list holds a %s, not a Port",
+                     Py_TYPE(item)->tp_name);
+        return NULL;
+    }
+    return (PortObject *)item;
+}
+
+/* The producer's output port named src_port (borrowed), or NULL: with an
+ * exception set on error, without one when there is no such port. */
+static PortObject *
+find_output(leapp_state *st, NodeObject *src, PyObject *src_port)
 {
     Py_ssize_t i;
     for (i = 0; i < PyList_GET_SIZE(src->outputs); i++) {
-        PortObject *p = (PortObject *)PyList_GET_ITEM(src->outputs, i);
-        int eq = PyUnicode_Compare(p->name, src_port);
-        if (eq == 0) {
+        PortObject *p = port_at(st, src->outputs, i);
+        if (p == NULL) {
+            return NULL;
+        }
+        if (PyUnicode_Compare(p->name, src_port) == 0) {
             return p;
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
         }
     }
     return NULL;
@@ -124,117 +146,129 @@ check_edge(PyObject *src_key, PortObject *out, PyObject *dst_key, PortObject *in
     return 0;
 }
 
-/* Wire the inputs of one node; fills the edge maps and the consumed set. */
-static int
-wire_node(NodeObject *node, PyObject *in_graph, PyObject *data_flow, PyObject *feedback,
-          PyObject *consumed, PyObject *connected, PyObject *messages)
+/* The outputs of src by name, for the message about a missing one. */
+static PyObject *
+output_names(leapp_state *st, NodeObject *src)
 {
-    Py_ssize_t i;
-    int rc = -1;
-    PyObject *seen = PyDict_New(); /* src key -> first input name */
-    if (seen == NULL) {
-        return -1;
+    PyObject *names = PyList_New(0);
+    Py_ssize_t j;
+    for (j = 0; names != NULL && j < PyList_GET_SIZE(src->outputs); j++) {
+        PortObject *p = port_at(st, src->outputs, j); /* borrowed */
+        if (p == NULL || PyList_Append(names, p->name) < 0) {
+            Py_CLEAR(names);
+        }
     }
-    for (i = 0; i < PyList_GET_SIZE(node->inputs); i++) {
-        PortObject *in = (PortObject *)PyList_GET_ITEM(node->inputs, i); /* borrowed */
-        NodeObject *src;
-        PortObject *out;
-        PyObject *src_key = NULL, *dst_key = NULL, *prev;
-        int member, ok = -1;
-        if (in->src_node == Py_None || in->src_port == Py_None) {
-            continue;
-        }
-        src = (NodeObject *)in->src_node;
-        member = PySet_Contains(in_graph, (PyObject *)src);
-        if (member < 0) {
-            goto done;
-        }
-        if (!member) {
-            if (add_message(messages, "error",
-                            PyUnicode_FromFormat("Error: input %U/%U came from node '%U', which "
-                                                 "is not part of this graph.\nTreating it as a "
-                                                 "dangling input.",
-                                                 node->name, in->name, src->name)) < 0) {
-                goto done;
-            }
-            continue;
-        }
-        out = find_output(src, in->src_port);
-        if (out == NULL) {
-            PyObject *names = PyList_New(0);
-            Py_ssize_t j;
-            if (names == NULL) {
-                goto done;
-            }
-            for (j = 0; j < PyList_GET_SIZE(src->outputs); j++) {
-                if (PyList_Append(names, ((PortObject *)PyList_GET_ITEM(src->outputs, j))->name)
-                    < 0) {
-                    Py_DECREF(names);
-                    goto done;
-                }
-            }
-            ok = add_message(messages, "error",
+    return names;
+}
+
+/* Wire one input port; `seen` maps each source key to the first input it fed.
+ * The ports and the producer are held: comparisons may run Python code. */
+static int
+wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph,
+           PyObject *seen, PyObject *data_flow, PyObject *feedback, PyObject *consumed,
+           PyObject *connected, PyObject *messages)
+{
+    NodeObject *src = (NodeObject *)Py_NewRef(in->src_node); /* a Node: the setter checks */
+    PortObject *out = NULL;
+    PyObject *src_key = NULL, *dst_key = NULL, *prev, *names = NULL;
+    int rc = -1, member = PySet_Contains(in_graph, (PyObject *)src);
+    if (member < 0) {
+        goto done;
+    }
+    if (!member) {
+        rc = add_message(messages, "error",
+                         PyUnicode_FromFormat("Error: input %U/%U came from node '%U', which is "
+                                              "not part of this graph.\nTreating it as a "
+                                              "dangling input.",
+                                              node->name, in->name, src->name));
+        goto done;
+    }
+    out = find_output(st, src, in->src_port);
+    if (out == NULL) {
+        names = PyErr_Occurred() ? NULL : output_names(st, src);
+        if (names != NULL) {
+            rc = add_message(messages, "error",
                              PyUnicode_FromFormat("Error: input %U/%U expects output '%U' from "
                                                   "node '%U', which does not produce it.\n"
                                                   "Available outputs: %R\nTreating it as a "
                                                   "dangling input.",
                                                   node->name, in->name, in->src_port, src->name,
                                                   names));
-            Py_DECREF(names);
-            if (ok < 0) {
-                goto done;
-            }
-            continue;
         }
-        src_key = joined(src->name, out->name);
-        dst_key = joined(node->name, in->name);
-        if (src_key == NULL || dst_key == NULL) {
-            goto edge_done;
-        }
-        prev = PyDict_GetItemWithError(seen, src_key); /* borrowed */
-        if (prev != NULL) {
-            PyErr_Format(PyExc_RuntimeError,
-                         "Error: unsupported use of sending the same tensor multiple times to "
-                         "the same node. Duplicate input sources in node %U: {'%U'} feeds both "
-                         "'%U' and '%U'. Declare the tensor once and reuse the traced value "
-                         "inside the node.",
-                         node->name, src_key, prev, in->name);
-            goto edge_done;
-        }
-        if (PyErr_Occurred() || PyDict_SetItem(seen, src_key, in->name) < 0) {
-            goto edge_done;
-        }
-        if (check_edge(src_key, out, dst_key, in) < 0) {
-            goto edge_done;
-        }
-        {
-            int forward = src->index >= 0 && src->index < node->index;
-            const char *fmt = forward ? "Found connection: %U  -> %U"
-                                      : "Found feedback connection: %U  -> %U";
-            if (append_to(forward ? data_flow : feedback, src_key, dst_key) < 0
-                || PySet_Add(consumed, src_key) < 0 || PySet_Add(connected, dst_key) < 0
-                || add_message(messages, "info", PyUnicode_FromFormat(fmt, src_key, dst_key))
-                       < 0) {
-                goto edge_done;
-            }
-        }
-        ok = 0;
-    edge_done:
-        Py_XDECREF(src_key);
-        Py_XDECREF(dst_key);
-        if (ok < 0) {
+        goto done;
+    }
+    Py_INCREF(out);
+    src_key = joined(src->name, out->name);
+    dst_key = joined(node->name, in->name);
+    if (src_key == NULL || dst_key == NULL) {
+        goto done;
+    }
+    prev = PyDict_GetItemWithError(seen, src_key); /* borrowed */
+    if (prev != NULL) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "Error: unsupported use of sending the same tensor multiple times to the "
+                     "same node. Duplicate input sources in node %U: {'%U'} feeds both '%U' "
+                     "and '%U'. Declare the tensor once and reuse the traced value inside the "
+                     "node.",
+                     node->name, src_key, prev, in->name);
+        goto done;
+    }
+    if (PyErr_Occurred() || PyDict_SetItem(seen, src_key, in->name) < 0
+        || check_edge(src_key, out, dst_key, in) < 0) {
+        goto done;
+    }
+    {
+        int forward = src->index >= 0 && src->index < node->index;
+        const char *fmt = forward ? "Found connection: %U  -> %U"
+                                  : "Found feedback connection: %U  -> %U";
+        if (append_to(forward ? data_flow : feedback, src_key, dst_key) < 0
+            || PySet_Add(consumed, src_key) < 0 || PySet_Add(connected, dst_key) < 0
+            || add_message(messages, "info", PyUnicode_FromFormat(fmt, src_key, dst_key)) < 0) {
             goto done;
         }
     }
     rc = 0;
 done:
+    Py_XDECREF(names);
+    Py_XDECREF(src_key);
+    Py_XDECREF(dst_key);
+    Py_XDECREF(out);
+    Py_DECREF(src);
+    return rc;
+}
+
+/* Wire the inputs of one node; fills the edge maps and the consumed set. */
+static int
+wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_flow,
+          PyObject *feedback, PyObject *consumed, PyObject *connected, PyObject *messages)
+{
+    Py_ssize_t i;
+    int rc = 0;
+    PyObject *seen = PyDict_New(); /* src key -> first input name */
+    if (seen == NULL) {
+        return -1;
+    }
+    for (i = 0; rc == 0 && i < PyList_GET_SIZE(node->inputs); i++) {
+        PortObject *in = port_at(st, node->inputs, i); /* borrowed, then held */
+        if (in == NULL) {
+            rc = -1;
+            break;
+        }
+        if (in->src_node == Py_None || in->src_port == Py_None) {
+            continue;
+        }
+        Py_INCREF(in);
+        rc = wire_input(st, node, in, in_graph, seen, data_flow, feedback, consumed, connected,
+                        messages);
+        Py_DECREF(in);
+    }
     Py_DECREF(seen);
     return rc;
 }
 
 /* Graph inputs (or outputs): ports of each node not in `linked`. */
 static PyObject *
-dangling(PyObject *nodes, int outputs, PyObject *linked, Py_ssize_t *count)
+dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *linked, Py_ssize_t *count)
 {
     PyObject *result = PyDict_New(), *sorted = NULL;
     Py_ssize_t i, j;
@@ -245,8 +279,8 @@ dangling(PyObject *nodes, int outputs, PyObject *linked, Py_ssize_t *count)
         NodeObject *node = (NodeObject *)PyList_GET_ITEM(nodes, i); /* borrowed */
         PyObject *ports = outputs ? node->outputs : node->inputs;
         for (j = 0; j < PyList_GET_SIZE(ports); j++) {
-            PortObject *p = (PortObject *)PyList_GET_ITEM(ports, j);
-            PyObject *key = joined(node->name, p->name);
+            PortObject *p = port_at(st, ports, j); /* borrowed */
+            PyObject *key = p ? joined(node->name, p->name) : NULL;
             int found = key ? PySet_Contains(linked, key) : -1;
             Py_XDECREF(key);
             if (found < 0) {
@@ -311,16 +345,19 @@ build_pipeline(PyObject *module, PyObject *arg)
         }
     }
     for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
-        if (wire_node((NodeObject *)PyList_GET_ITEM(nodes, i), in_graph, data_flow, feedback,
+        if (wire_node(st, (NodeObject *)PyList_GET_ITEM(nodes, i), in_graph, data_flow, feedback,
                       consumed, connected, messages) < 0) {
             goto done;
         }
     }
-    inputs = dangling(nodes, 0, connected, &n_in);
-    outputs = inputs ? dangling(nodes, 1, consumed, &n_out) : NULL;
+    inputs = dangling(st, nodes, 0, connected, &n_in);
+    outputs = inputs ? dangling(st, nodes, 1, consumed, &n_out) : NULL;
+    if (outputs == NULL) {
+        goto done;
+    }
     sorted_data = sorted_dict(data_flow);
-    sorted_feedback = sorted_dict(feedback);
-    if (outputs == NULL || sorted_data == NULL || sorted_feedback == NULL) {
+    sorted_feedback = sorted_data ? sorted_dict(feedback) : NULL;
+    if (sorted_feedback == NULL) {
         goto done;
     }
     count_targets(data_flow, &internal);

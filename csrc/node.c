@@ -73,7 +73,7 @@ ref_new(leapp_state *st, int kind, Py_ssize_t index)
     if (ref == NULL) {
         return NULL;
     }
-    Py_INCREF(st->ref_type); /* instances of heap types own their type */
+    /* PyObject_New took the reference instances of heap types own. */
     ref->kind = kind;
     ref->index = index;
     return (PyObject *)ref;
@@ -86,6 +86,7 @@ carrier_traverse(CarrierObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->node);
+    Py_VISIT(self->port);
     return 0;
 }
 
@@ -166,8 +167,9 @@ carrier_of(leapp_state *st, PyObject *obj)
 {
     PyObject **dictptr;
     PyObject *found;
-    if (st->traced_type == NULL || Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
-        return NULL;
+    if (st->traced_type == NULL || Py_TYPE(obj) != (PyTypeObject *)st->traced_type
+        || PyErr_Occurred()) {
+        return NULL; /* never called to look at, or wipe, a pending error */
     }
     dictptr = _PyObject_GetDictPtr(obj);
     if (dictptr == NULL || *dictptr == NULL) {
@@ -175,7 +177,7 @@ carrier_of(leapp_state *st, PyObject *obj)
     }
     found = PyDict_GetItemWithError(*dictptr, st->str_carrier); /* borrowed */
     if (found == NULL || Py_TYPE(found) != st->carrier_type) {
-        PyErr_Clear();
+        PyErr_Clear(); /* only the error of this lookup can be set here */
         return NULL;
     }
     return (CarrierObject *)found;
@@ -191,7 +193,6 @@ carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
     if (c == NULL) {
         return -1;
     }
-    Py_INCREF(st->carrier_type);
     c->node = Py_NewRef(node);
     c->port = Py_XNewRef(port);
     c->vid = vid;
@@ -251,6 +252,10 @@ py_set_carrier(PyObject *module, PyObject *args)
                           &port, &declared)) {
         return NULL;
     }
+    if (port != Py_None && !PyUnicode_Check(port)) {
+        PyErr_SetString(PyExc_TypeError, "set_carrier(): port must be a str or None");
+        return NULL;
+    }
     if (carrier_promote(st, obj) < 0
         || carrier_attach(st, obj, node, vid, port == Py_None ? NULL : port, declared) < 0) {
         return NULL;
@@ -268,9 +273,11 @@ py_drop_carrier(PyObject *module, PyObject *obj)
         Py_RETURN_NONE;
     }
     dictptr = _PyObject_GetDictPtr(obj);
-    if (dictptr != NULL && *dictptr != NULL && PyDict_Contains(*dictptr, st->str_carrier) == 1
-        && PyDict_DelItem(*dictptr, st->str_carrier) < 0) {
-        return NULL;
+    if (dictptr != NULL && *dictptr != NULL) {
+        int present = PyDict_Contains(*dictptr, st->str_carrier);
+        if (present < 0 || (present == 1 && PyDict_DelItem(*dictptr, st->str_carrier) < 0)) {
+            return NULL;
+        }
     }
     if (PyObject_SetAttr(obj, st->str_class, st->tensor_type) < 0) {
         return NULL;
@@ -374,6 +381,10 @@ port_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &PyTuple_Type, &shape, &vid, &value, &semantics)) {
         return NULL;
     }
+    if (semantics != Py_None && !PyDict_Check(semantics)) {
+        PyErr_SetString(PyExc_TypeError, "Port(): semantics must be a dict or None");
+        return NULL;
+    }
     self = (PortObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
         return NULL;
@@ -440,15 +451,87 @@ static PyMethodDef port_methods[] = {
     {NULL},
 };
 
+/* Typed fields of a Port: C code reads them as str / tuple / Node, so the
+ * setters refuse anything else (and deletion). */
+enum { FIELD_STR, FIELD_STR_OR_NONE, FIELD_TUPLE, FIELD_DICT_OR_NONE, FIELD_NODE_OR_NONE };
+
+typedef struct {
+    Py_ssize_t offset;
+    int kind;
+    const char *expected;
+} port_field;
+
+static const port_field port_fields[] = {
+    {offsetof(PortObject, name), FIELD_STR, "a str"},
+    {offsetof(PortObject, dtype), FIELD_STR, "a str"},
+    {offsetof(PortObject, shape), FIELD_TUPLE, "a tuple"},
+    {offsetof(PortObject, semantics), FIELD_DICT_OR_NONE, "a dict or None"},
+    {offsetof(PortObject, src_node), FIELD_NODE_OR_NONE, "a Node or None"},
+    {offsetof(PortObject, src_port), FIELD_STR_OR_NONE, "a str or None"},
+};
+
+static PyObject *
+port_get_field(PortObject *self, void *closure)
+{
+    const port_field *field = closure;
+    PyObject *value = *(PyObject **)((char *)self + field->offset);
+    return Py_NewRef(value != NULL ? value : Py_None);
+}
+
+static int
+port_set_field(PortObject *self, PyObject *value, void *closure)
+{
+    const port_field *field = closure;
+    leapp_state *st = PyType_GetModuleState(Py_TYPE(self));
+    PyObject **slot = (PyObject **)((char *)self + field->offset);
+    int ok = 0;
+    if (st == NULL) {
+        return -1;
+    }
+    if (value != NULL) {
+        switch (field->kind) {
+        case FIELD_STR:
+            ok = PyUnicode_Check(value);
+            break;
+        case FIELD_STR_OR_NONE:
+            ok = value == Py_None || PyUnicode_Check(value);
+            break;
+        case FIELD_TUPLE:
+            ok = PyTuple_Check(value);
+            break;
+        case FIELD_DICT_OR_NONE:
+            ok = value == Py_None || PyDict_Check(value);
+            break;
+        default:
+            ok = value == Py_None || PyObject_TypeCheck(value, st->node_type);
+            break;
+        }
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "this Port field must be %s, got %s", field->expected,
+                     value == NULL ? "a deletion" : Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
+#define PORT_FIELD(attr, i, doc) \
+    {attr, (getter)port_get_field, (setter)port_set_field, doc, (void *)&port_fields[i]}
+static PyGetSetDef port_getset[] = {
+    PORT_FIELD("name", 0, "Port name."),
+    PORT_FIELD("dtype", 1, "dtype name, e.g. float32."),
+    PORT_FIELD("shape", 2, "Shape as a tuple of ints."),
+    PORT_FIELD("semantics", 3, "Semantic YAML fields or None."),
+    PORT_FIELD("src_node", 4, "Producing node or None."),
+    PORT_FIELD("src_port", 5, "Producing port or None."),
+    {NULL},
+};
+#undef PORT_FIELD
+
 static PyMemberDef port_members[] = {
-    {"name", T_OBJECT, offsetof(PortObject, name), 0, "Port name."},
-    {"dtype", T_OBJECT, offsetof(PortObject, dtype), 0, "dtype name, e.g. float32."},
-    {"shape", T_OBJECT, offsetof(PortObject, shape), 0, "Shape as a tuple of ints."},
-    {"semantics", T_OBJECT, offsetof(PortObject, semantics), 0, "Semantic YAML fields or None."},
     {"value", T_OBJECT, offsetof(PortObject, value), 0, "First-trace value."},
-    {"samples", T_OBJECT, offsetof(PortObject, samples), 0, "Re-entry values."},
-    {"src_node", T_OBJECT, offsetof(PortObject, src_node), 0, "Producing node or None."},
-    {"src_port", T_OBJECT, offsetof(PortObject, src_port), 0, "Producing port or None."},
+    {"samples", T_OBJECT_EX, offsetof(PortObject, samples), READONLY, "Re-entry values."},
     {"vid", T_PYSSIZET, offsetof(PortObject, vid), 0, "Value id inside the node."},
     {"is_state", T_INT, offsetof(PortObject, is_state), 0, "Declared state port."},
     {NULL},
@@ -461,6 +544,7 @@ static PyType_Slot port_slots[] = {
     {Py_tp_clear, port_clear},
     {Py_tp_repr, port_repr},
     {Py_tp_members, port_members},
+    {Py_tp_getset, port_getset},
     {Py_tp_methods, port_methods},
     {Py_tp_doc, "One input or output of a node: name, dtype, shape, semantics, source."},
     {0, NULL},
@@ -636,6 +720,7 @@ done:
 static int
 mark_refs(leapp_state *st, PyObject *obj, char *live, Py_ssize_t n)
 {
+    int rc = 0;
     if (Py_TYPE(obj) == st->ref_type) {
         RefObject *r = (RefObject *)obj;
         if (r->kind == REF_VALUE && r->index >= 0 && r->index < n) {
@@ -643,47 +728,51 @@ mark_refs(leapp_state *st, PyObject *obj, char *live, Py_ssize_t n)
         }
         return 0;
     }
-    if (PyTuple_Check(obj) || PyList_Check(obj)) {
-        Py_ssize_t i, size = PySequence_Fast_GET_SIZE(obj);
-        for (i = 0; i < size; i++) {
-            if (mark_refs(st, PySequence_Fast_GET_ITEM(obj, i), live, n) < 0) {
-                return -1;
-            }
-        }
+    if (!PyTuple_Check(obj) && !PyList_Check(obj) && !PyDict_Check(obj) && !PySlice_Check(obj)) {
         return 0;
     }
-    if (PyDict_Check(obj)) {
+    if (Py_EnterRecursiveCall(" while pruning a node")) {
+        return -1;
+    }
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t i;
+        for (i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(obj); i++) {
+            rc = mark_refs(st, PySequence_Fast_GET_ITEM(obj, i), live, n);
+        }
+    }
+    else if (PyDict_Check(obj)) {
         Py_ssize_t pos = 0;
         PyObject *key, *value;
-        while (PyDict_Next(obj, &pos, &key, &value)) {
-            if (mark_refs(st, value, live, n) < 0) {
-                return -1;
-            }
+        while (rc == 0 && PyDict_Next(obj, &pos, &key, &value)) {
+            rc = mark_refs(st, value, live, n);
         }
-        return 0;
     }
-    if (PySlice_Check(obj)) {
+    else {
         PySliceObject *s = (PySliceObject *)obj;
-        if (mark_refs(st, s->start, live, n) < 0 || mark_refs(st, s->stop, live, n) < 0
-            || mark_refs(st, s->step, live, n) < 0) {
-            return -1;
-        }
+        rc = (mark_refs(st, s->start, live, n) < 0 || mark_refs(st, s->stop, live, n) < 0
+              || mark_refs(st, s->step, live, n) < 0) ? -1 : 0;
     }
-    return 0;
+    Py_LeaveRecursiveCall();
+    return rc;
 }
 
+/* 1 when a value of a record's out field is live, 0 if not, -1 on error. */
 static int
 out_is_live(PyObject *out, const char *live, Py_ssize_t n)
 {
     if (PyLong_Check(out)) {
         Py_ssize_t v = PyLong_AsSsize_t(out);
+        if (v == -1 && PyErr_Occurred()) {
+            return -1;
+        }
         return v >= 0 && v < n && live[v];
     }
     if (PyTuple_Check(out)) {
         Py_ssize_t i;
         for (i = 0; i < PyTuple_GET_SIZE(out); i++) {
-            if (out_is_live(PyTuple_GET_ITEM(out, i), live, n)) {
-                return 1;
+            int found = out_is_live(PyTuple_GET_ITEM(out, i), live, n);
+            if (found != 0) {
+                return found;
             }
         }
     }
@@ -721,8 +810,18 @@ node_prune(NodeObject *self, PyObject *vids)
         }
     }
     for (i = PyList_GET_SIZE(self->ops) - 1; i >= 0; i--) {
-        PyObject *rec = PyList_GET_ITEM(self->ops, i); /* borrowed */
-        if (!out_is_live(PyTuple_GET_ITEM(rec, 3), live, n)) {
+        PyObject *rec = PyList_GET_ITEM(self->ops, i); /* borrowed; the list is ours */
+        int used;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 4) {
+            PyErr_Format(PyExc_TypeError, "node '%U': op record %zd is not a "
+                         "(func, args, kwargs, out) tuple", self->name, i);
+            goto done;
+        }
+        used = out_is_live(PyTuple_GET_ITEM(rec, 3), live, n);
+        if (used < 0) {
+            goto done;
+        }
+        if (!used) {
             continue;
         }
         if (mark_refs(st, PyTuple_GET_ITEM(rec, 1), live, n) < 0

@@ -12,8 +12,8 @@
 typedef struct {
     leapp_state *st;
     PyObject *func;           /* borrowed */
-    NodeObject *active;       /* borrowed: the tracing node, if any */
-    CarrierObject *first;     /* borrowed: carrier of the first traced leaf */
+    NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
+    CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
 } walk;
 
 static int
@@ -29,7 +29,7 @@ raise_mixed(walk *w, NodeObject *other)
     }
     PyErr_Format(PyExc_RuntimeError,
                  "Error: detected multiple TracedTensor contexts: '%U' and '%U' inside of "
-                 "a traced function ('%U'). Cannot mix multiple active TracedTensors from "
+                 "a traced function ('%S'). Cannot mix multiple active TracedTensors from "
                  "different contexts. Finish node '%U' with annotate.output_tensors() and "
                  "declare its result with annotate.input_tensors('%U', ...) before using it "
                  "there.",
@@ -37,6 +37,8 @@ raise_mixed(walk *w, NodeObject *other)
     Py_DECREF(fname);
     return -1;
 }
+
+static PyObject *template_of_container(walk *w, PyObject *obj);
 
 /* The template of obj: obj with every value of the tracing node replaced by
  * a Ref; containers are rebuilt, everything else is kept as is (tensors from
@@ -52,13 +54,13 @@ template_of(walk *w, PyObject *obj)
             return Py_NewRef(obj);
         }
         if (w->first == NULL) {
-            w->first = c;
+            w->first = (CarrierObject *)Py_NewRef(c); /* released by torch_function */
         }
         if (((NodeObject *)c->node)->state != NODE_OPEN) {
             return Py_NewRef(obj);
         }
         if (w->active == NULL) {
-            w->active = (NodeObject *)c->node;
+            w->active = (NodeObject *)Py_NewRef(c->node); /* released by torch_function */
         }
         else if (w->active != (NodeObject *)c->node) {
             raise_mixed(w, (NodeObject *)c->node);
@@ -66,6 +68,23 @@ template_of(walk *w, PyObject *obj)
         }
         return ref_new(st, REF_VALUE, c->vid);
     }
+    if (tp == &PyTuple_Type || tp == &PyList_Type || tp == &PyDict_Type) {
+        PyObject *out;
+        if (Py_EnterRecursiveCall(" while tracing an op's arguments")) {
+            return NULL;
+        }
+        out = template_of_container(w, obj);
+        Py_LeaveRecursiveCall();
+        return out;
+    }
+    return Py_NewRef(obj);
+}
+
+/* template_of for an exact tuple, list or dict: a rebuilt container. */
+static PyObject *
+template_of_container(walk *w, PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
     if (tp == &PyTuple_Type || tp == &PyList_Type) {
         Py_ssize_t i, n = PySequence_Fast_GET_SIZE(obj);
         PyObject *out = tp == &PyTuple_Type ? PyTuple_New(n) : PyList_New(n);
@@ -87,7 +106,7 @@ template_of(walk *w, PyObject *obj)
         }
         return out;
     }
-    if (tp == &PyDict_Type) {
+    {
         Py_ssize_t pos = 0;
         PyObject *key, *value, *out = PyDict_New();
         if (out == NULL) {
@@ -104,31 +123,40 @@ template_of(walk *w, PyObject *obj)
         }
         return out;
     }
-    return Py_NewRef(obj);
 }
 
 static int
 op_kind(leapp_state *st, PyObject *func)
 {
     PyObject *found = PyDict_GetItemWithError(st->op_kinds, func); /* borrowed */
-    PyObject *kind;
-    long k;
+    PyObject *kind = NULL, *cached = NULL;
+    long k = -1;
     if (found != NULL) {
-        return (int)PyLong_AsLong(found);
+        return (int)PyLong_AsLong(found); /* cached values are checked ints */
     }
     if (PyErr_Occurred()) {
         return -1;
     }
     kind = PyObject_CallOneArg(st->classify, func);
     if (kind == NULL) {
-        return -1;
+        goto done;
     }
     k = PyLong_AsLong(kind);
-    if ((k == -1 && PyErr_Occurred()) || PyDict_SetItem(st->op_kinds, func, kind) < 0) {
-        Py_DECREF(kind);
-        return -1;
+    if (k == -1 && PyErr_Occurred()) {
+        goto done;
     }
-    Py_DECREF(kind);
+    if (k < OP_PLAIN || k > OP_OVERWRITE) {
+        PyErr_Format(PyExc_ValueError, "classify() gave an unknown op kind %ld", k);
+        k = -1;
+        goto done;
+    }
+    cached = PyLong_FromLong(k);
+    if (cached == NULL || PyDict_SetItem(st->op_kinds, func, cached) < 0) {
+        k = -1;
+    }
+done:
+    Py_XDECREF(cached);
+    Py_XDECREF(kind);
     return (int)k;
 }
 
@@ -236,8 +264,11 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
         }
         rfunc = PyTuple_GET_ITEM(rewritten, 0);
         Py_SETREF(targs, template_of(w, PyTuple_GET_ITEM(rewritten, 1)));
+        if (targs == NULL) {
+            goto error;
+        }
         Py_XSETREF(tkwargs, template_of(w, PyTuple_GET_ITEM(rewritten, 2)));
-        if (targs == NULL || tkwargs == NULL) {
+        if (tkwargs == NULL) {
             goto error;
         }
     }
@@ -313,7 +344,7 @@ adopt_overwrite(leapp_state *st, PyObject *args)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(args);
     PyObject *dst, *src;              /* borrowed from args */
-    CarrierObject *from;              /* borrowed: src's carrier */
+    CarrierObject *from;              /* src's carrier, held across the attribute reads */
     int eq;
     if (n == 2) {                     /* copy_(dst, src) */
         src = PyTuple_GET_ITEM(args, 1);
@@ -329,18 +360,18 @@ adopt_overwrite(leapp_state *st, PyObject *args)
     if (from == NULL || from->port == NULL || !is_tensor(st, dst) || dst == src) {
         return 0;
     }
+    Py_INCREF(from);
     eq = same_attr(dst, src, st->str_shape);
     if (eq == 1) {
         eq = same_attr(dst, src, st->str_dtype);
     }
-    if (eq != 1) {
-        return eq;
+    if (eq == 1) {
+        eq = (carrier_promote(st, dst) < 0
+              || carrier_attach(st, dst, from->node, from->vid, from->port, from->declared) < 0)
+                 ? -1 : 1;
     }
-    if (carrier_promote(st, dst) < 0
-        || carrier_attach(st, dst, from->node, from->vid, from->port, from->declared) < 0) {
-        return -1;
-    }
-    return 1;
+    Py_DECREF(from);
+    return eq;
 }
 
 /* Ops on values of finished nodes: eager, keeping the port through copies. */
@@ -350,46 +381,46 @@ trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *typ
 {
     PyObject *result = run_eager(st, func, types, args, kwargs);
     PyObject *src = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL; /* borrowed */
-    CarrierObject *c = src ? carrier_of(st, src) : NULL;                         /* borrowed */
-    if (result != NULL && kind == OP_OVERWRITE) {
+    CarrierObject *c;                 /* src's carrier, held across the dtype reads */
+    if (result == NULL) {
+        return NULL;
+    }
+    if (kind == OP_OVERWRITE) {
         int adopted = adopt_overwrite(st, args);
-        if (adopted < 0) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        if (adopted) {
+        if (adopted != 0) {
+            if (adopted < 0) {
+                Py_CLEAR(result);
+            }
             return result;
         }
     }
-    if (result == NULL || c == NULL || c != w->first) {
+    c = src != NULL ? carrier_of(st, src) : NULL;
+    if (c == NULL || c != w->first || c->port == NULL) {
         return result;
     }
-    if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && c->port != NULL) {
+    Py_INCREF(c);
+    if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
         Py_CLEAR(c->port); /* a published value changed in place is a new value */
-        return result;
+        goto done;
     }
-    if ((kind == OP_COPY || kind == OP_TO) && c->port != NULL && result != src
+    if ((kind == OP_COPY || kind == OP_TO) && result != src
         && Py_TYPE(result) == (PyTypeObject *)st->tensor_type) {
         if (kind == OP_TO) {
-            PyObject *a = PyObject_GetAttr(src, st->str_dtype);
-            PyObject *b = a ? PyObject_GetAttr(result, st->str_dtype) : NULL;
-            int same = a != NULL && a == b;
-            Py_XDECREF(a);
-            Py_XDECREF(b);
-            if (PyErr_Occurred()) {
-                Py_DECREF(result);
-                return NULL;
+            int same = same_attr(src, result, st->str_dtype);
+            if (same < 0) {
+                Py_CLEAR(result);
             }
-            if (!same) {
-                return result;
+            if (same != 1) {
+                goto done;
             }
         }
         if (carrier_promote(st, result) < 0
             || carrier_attach(st, result, c->node, c->vid, c->port, c->declared) < 0) {
-            Py_DECREF(result);
-            return NULL;
+            Py_CLEAR(result);
         }
     }
+done:
+    Py_DECREF(c);
     return result;
 }
 
@@ -447,6 +478,8 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
         result = trace_inactive(st, &w, kind, func, types, args, kwargs);
     }
 done:
+    Py_XDECREF(w.active);
+    Py_XDECREF(w.first);
     Py_XDECREF(targs);
     Py_XDECREF(tkwargs);
     return result;

@@ -145,3 +145,48 @@ def test_node_cycles_are_collected(core):
     del a
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) is core.Node]
+
+
+# ---- robustness against bad input from Python (regressions from review) --------
+
+def test_port_fields_are_type_checked(core):
+    port = core.Port("q", "float32", (2,), 0)
+    for field, bad in (("name", 5), ("dtype", None), ("shape", [2]), ("src_node", 5),
+                       ("src_port", 3), ("semantics", [])):
+        with pytest.raises(TypeError):
+            setattr(port, field, bad)
+    with pytest.raises(TypeError):
+        del port.name
+    with pytest.raises(TypeError):
+        core.Port("q", "float32", (2,), 0, None, ["not", "a", "dict"])
+    assert repr(port) == "Port('q', float32, (2,))"
+
+
+def test_foreign_items_in_node_lists_raise(core):
+    node = core.Node("n")
+    node.ops.append(1)
+    with pytest.raises(TypeError, match="not a"):
+        node.prune([0])
+    other = _node(core, "m", index=0)
+    other.inputs.append(1)
+    with pytest.raises(TypeError, match="not a Port"):
+        core.build_pipeline([other])
+
+
+def test_self_referencing_containers_do_not_crash(core):
+    node = core.Node("n")
+    loop = []
+    loop.append(loop)
+    node.ops.append((len, (loop,), None, node.new_value()))
+    with pytest.raises(RecursionError):
+        node.prune([0])
+
+
+def test_heap_type_references_are_balanced(core):
+    node = core.Node("n")
+    before = sys.getrefcount(core.Ref)
+    for _ in range(1000):
+        node.bind_const(object())
+    node.ops.clear()
+    gc.collect()
+    assert sys.getrefcount(core.Ref) - before < 5
