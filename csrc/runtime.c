@@ -69,43 +69,68 @@ slot_index(PyObject *obj, Py_ssize_t nslots)
     return i;
 }
 
+/* A private tuple of the items of obj (TypeError with `what` when obj is
+ * not a sequence).  Unlike PySequence_Fast, a list argument is copied: the
+ * callers run Python code (__iter__ of other items) while they read it, and
+ * that code could otherwise resize or empty the caller's list under them. */
+static PyObject *
+fast_tuple(PyObject *obj, const char *what)
+{
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (seq != NULL && PyList_Check(seq)) {
+        Py_SETREF(seq, PyList_AsTuple(seq));
+    }
+    return seq;
+}
+
 /* Read a sequence of sequences of slot indices into a flat array with
  * offsets.  *off gets count + 1 entries, *flat the concatenation.  Returns
- * the number of inner sequences, or -1 with an exception. */
+ * the number of inner sequences, or -1 with an exception.
+ *
+ * One pass: each inner sequence is converted once and read at once (reading
+ * runs no Python code), and *flat grows to fit, so an inner object whose
+ * __len__ and __iter__ disagree cannot overrun the buffer. */
 static Py_ssize_t
 read_groups(PyObject *groups, Py_ssize_t nslots, Py_ssize_t **off,
             Py_ssize_t **flat, const char *what)
 {
     PyObject *outer = NULL, *inner = NULL;
-    Py_ssize_t n, i, j, total = 0, count = -1;
-    outer = PySequence_Fast(groups, what);
+    Py_ssize_t n, i, j, len, total = 0, cap = 0, count = -1;
+    outer = fast_tuple(groups, what);
     if (outer == NULL) {
         goto done;
     }
-    n = PySequence_Fast_GET_SIZE(outer);
-    for (i = 0; i < n; i++) {
-        /* borrowed from outer */
-        Py_ssize_t len = PyObject_Length(PySequence_Fast_GET_ITEM(outer, i));
-        if (len < 0) {
-            goto done;
-        }
-        total += len;
-    }
+    n = PyTuple_GET_SIZE(outer);
     *off = PyMem_New(Py_ssize_t, n + 1);
-    *flat = PyMem_New(Py_ssize_t, total > 0 ? total : 1);
-    if (*off == NULL || *flat == NULL) {
+    if (*off == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    total = 0;
     for (i = 0; i < n; i++) {
         (*off)[i] = total;
-        /* item borrowed from outer */
-        inner = PySequence_Fast(PySequence_Fast_GET_ITEM(outer, i), what);
+        /* the item is borrowed from outer, a tuple only this function holds */
+        inner = PySequence_Fast(PyTuple_GET_ITEM(outer, i), what);
         if (inner == NULL) {
             goto done;
         }
-        for (j = 0; j < PySequence_Fast_GET_SIZE(inner); j++) {
+        len = PySequence_Fast_GET_SIZE(inner);
+        if (len > PY_SSIZE_T_MAX - total) {
+            PyErr_Format(PyExc_OverflowError, "%s: too many slots", what);
+            goto done;
+        }
+        if (total + len > cap) {
+            Py_ssize_t want = total + len > 2 * cap ? total + len : 2 * cap;
+            Py_ssize_t *grown = *flat;
+            PyMem_Resize(grown, Py_ssize_t, want > 0 ? want : 1);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done; /* *flat is still allocated; the caller frees it */
+            }
+            *flat = grown;
+            cap = want;
+        }
+        for (j = 0; j < len; j++) {
+            /* borrowed from inner; slot_index runs no Python code */
             Py_ssize_t s = slot_index(PySequence_Fast_GET_ITEM(inner, j), nslots);
             if (s < 0) {
                 goto done;
@@ -113,6 +138,13 @@ read_groups(PyObject *groups, Py_ssize_t nslots, Py_ssize_t **off,
             (*flat)[total++] = s;
         }
         Py_CLEAR(inner);
+    }
+    if (*flat == NULL) {
+        *flat = PyMem_New(Py_ssize_t, 1);
+        if (*flat == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     (*off)[n] = total;
     count = n;
@@ -130,12 +162,12 @@ read_pairs(PyObject *pairs, Py_ssize_t nslots, PyObject ***objs,
            Py_ssize_t **first, Py_ssize_t **second, const char *what)
 {
     PyObject *seq = NULL;
-    Py_ssize_t n, i, count = -1;
-    seq = PySequence_Fast(pairs, what);
+    Py_ssize_t n = 0, i, count = -1;
+    seq = fast_tuple(pairs, what);
     if (seq == NULL) {
         goto done;
     }
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     if (objs != NULL) {
         *objs = PyMem_New(PyObject *, n > 0 ? n : 1);
         if (*objs == NULL) {
@@ -159,7 +191,7 @@ read_pairs(PyObject *pairs, Py_ssize_t nslots, PyObject ***objs,
         goto done;
     }
     for (i = 0; i < n; i++) {
-        PyObject *pair = PySequence_Fast_GET_ITEM(seq, i); /* borrowed */
+        PyObject *pair = PyTuple_GET_ITEM(seq, i); /* borrowed from seq */
         PyObject *a, *b;
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_Format(PyExc_TypeError, "%s: expected 2-tuples, got %R",
@@ -181,8 +213,9 @@ read_pairs(PyObject *pairs, Py_ssize_t nslots, PyObject ***objs,
     count = n;
 done:
     if (count < 0 && objs != NULL && *objs != NULL) {
-        /* the caller only owns the objects of a complete read */
-        for (i = 0; seq != NULL && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        /* the caller only owns the objects of a complete read; *objs has
+         * n entries (NULL past the failing one) */
+        for (i = 0; i < n; i++) {
             Py_CLEAR((*objs)[i]);
         }
     }
@@ -311,7 +344,7 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ProgramObject *self = NULL;
     PyObject *result = NULL;
     Py_ssize_t i, n, total, pos = 0;
-    PyObject *k, *v; /* borrowed from input_index */
+    PyObject *k, *v; /* borrowed from self->input_index */
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO:Program", kwlist,
                                      &names, &calls, &inputs, &noutputs, &dests,
@@ -337,7 +370,12 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         || self->graph_inputs == NULL) {
         goto error;
     }
-    while (PyDict_Next(index, &pos, &k, &v)) {
+    /* a private copy: the caller may change its dict after construction */
+    self->input_index = PyDict_Copy(index);
+    if (self->input_index == NULL) {
+        goto error;
+    }
+    while (PyDict_Next(self->input_index, &pos, &k, &v)) {
         if (!PyUnicode_Check(k)) {
             PyErr_Format(PyExc_TypeError, "input_index keys must be str, got %R", k);
             goto error;
@@ -346,7 +384,6 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             goto error;
         }
     }
-    self->input_index = Py_NewRef(index);
     self->slots = PyMem_New(PyObject *, self->nslots > 0 ? self->nslots : 1);
     if (self->slots == NULL) {
         PyErr_NoMemory();
@@ -413,6 +450,10 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             if (!PyErr_Occurred()) {
                 PyErr_SetString(PyExc_ValueError, "noutputs must be >= 0");
             }
+            goto error;
+        }
+        if (c > PY_SSIZE_T_MAX - total) {
+            PyErr_SetString(PyExc_OverflowError, "noutputs: total output count too large");
             goto error;
         }
         self->out_off[i] = total;
@@ -568,35 +609,47 @@ unknown_input(ProgramObject *self, PyObject *key)
                  "Graph inputs: %R", key, self->graph_inputs);
 }
 
+/* The slot of input key `key` (validated on every use: ids are only as good
+ * as the dict they came from), or -1 with an exception. */
+static Py_ssize_t
+input_slot(ProgramObject *self, PyObject *key)
+{
+    /* borrowed from self->input_index; slot_index runs no Python code */
+    PyObject *idx = PyDict_GetItemWithError(self->input_index, key);
+    Py_ssize_t s = -1;
+    if (idx != NULL) {
+        s = slot_index(idx, self->nslots);
+    }
+    else if (!PyErr_Occurred()) {
+        unknown_input(self, key);
+    }
+    return s;
+}
+
 /* Store the validated entries of inputs into their slots.  Every entry is
- * checked before any slot changes, so a bad input leaves the state as is. */
+ * checked before any slot changes, so a bad input leaves the state as is.
+ * inputs must be a dict only this call holds: check_input runs Python code
+ * (attribute lookups, shape comparison) while key and value are borrowed
+ * from it. */
 static int
 load_inputs(ProgramObject *self, leapp_state *st, PyObject *inputs)
 {
     Py_ssize_t pos = 0;
-    PyObject *key, *value, *idx; /* borrowed from inputs / input_index */
+    PyObject *key, *value; /* borrowed from inputs */
     Py_ssize_t s;
     int rc = -1;
     while (PyDict_Next(inputs, &pos, &key, &value)) {
-        idx = PyDict_GetItemWithError(self->input_index, key);
-        if (idx == NULL) {
-            if (!PyErr_Occurred()) {
-                unknown_input(self, key);
-            }
-            goto done;
-        }
-        s = PyLong_AsSsize_t(idx);
-        if (check_input(self, st, s, key, value) < 0) {
+        s = input_slot(self, key);
+        if (s < 0 || check_input(self, st, s, key, value) < 0) {
             goto done;
         }
     }
     pos = 0;
     while (PyDict_Next(inputs, &pos, &key, &value)) {
-        idx = PyDict_GetItemWithError(self->input_index, key);
-        if (idx == NULL) {
-            goto done; /* a key the first pass found cannot vanish */
+        s = input_slot(self, key);
+        if (s < 0) {
+            goto done;
         }
-        s = PyLong_AsSsize_t(idx);
         Py_XSETREF(self->slots[s], Py_NewRef(value));
     }
     rc = 0;
@@ -640,11 +693,16 @@ run_node(ProgramObject *self, leapp_state *st, Py_ssize_t i)
         goto done;
     }
     if (PyTuple_Check(res) || PyList_Check(res)) {
-        seq = Py_NewRef(res);
-        got = PySequence_Fast_GET_SIZE(seq);
+        /* a tuple: clone() and the destructors of replaced slot values run
+         * Python code that could resize a list the node kept */
+        seq = PyTuple_Check(res) ? Py_NewRef(res) : PyList_AsTuple(res);
+        if (seq == NULL) {
+            goto done;
+        }
+        got = PyTuple_GET_SIZE(seq);
         if (nout == 1 && got == 1) {
             /* a single output comes back as a 1-tuple from some backends */
-            Py_SETREF(res, Py_NewRef(PySequence_Fast_GET_ITEM(seq, 0)));
+            Py_SETREF(res, Py_NewRef(PyTuple_GET_ITEM(seq, 0)));
             Py_CLEAR(seq);
         }
         else if (nout == 1 && got != 1) {
@@ -662,8 +720,8 @@ run_node(ProgramObject *self, leapp_state *st, Py_ssize_t i)
     }
     for (j = 0; j < nout; j++) {
         Py_ssize_t o = self->out_off[i] + j;
-        /* borrowed from seq or res */
-        PyObject *out = seq != NULL ? PySequence_Fast_GET_ITEM(seq, j) : res;
+        /* borrowed from seq or res, which this call owns */
+        PyObject *out = seq != NULL ? PyTuple_GET_ITEM(seq, j) : res;
         Py_ssize_t s0 = self->dst_slot[self->dst_off[o]];
         Py_XSETREF(self->slots[s0], Py_NewRef(out));
         for (d = self->dst_off[o] + 1; d < self->dst_off[o + 1]; d++) {
@@ -706,14 +764,20 @@ program_run(ProgramObject *self, PyObject *inputs)
     if (st == NULL) {
         goto error;
     }
-    if (!PyDict_Check(inputs)) {
-        owned = PyDict_New();
-        if (owned == NULL || PyDict_Update(owned, inputs) < 0) {
-            goto error;
-        }
-        inputs = owned;
+    /* a private copy: load_inputs runs Python code while it iterates */
+    if (PyDict_Check(inputs)) {
+        owned = PyDict_Copy(inputs);
     }
-    if (load_inputs(self, st, inputs) < 0) {
+    else {
+        owned = PyDict_New();
+        if (owned != NULL && PyDict_Update(owned, inputs) < 0) {
+            Py_CLEAR(owned);
+        }
+    }
+    if (owned == NULL) {
+        goto error;
+    }
+    if (load_inputs(self, st, owned) < 0) {
         goto error;
     }
     for (i = 0; i < self->nnodes; i++) {

@@ -716,6 +716,105 @@ def test_program_gc_breaks_cycles():
     assert ref() is None
 
 
+def test_program_inner_len_lies():
+    # __len__ says 0, __iter__ yields many: the slot array must still fit
+    class Liar:
+        def __len__(self):
+            return 0
+
+        def __iter__(self):
+            return iter([0] * 100000)
+
+    program = make_program([lambda *a: a[0]], inputs=[Liar()])
+    program.set(0, torch.zeros(2))
+    torch.testing.assert_close(program.run({})["out"], torch.zeros(2))
+    with pytest.raises(ValueError, match="out of range"):
+        make_program([lambda x: x], dests=[Liar(), [7]])
+
+
+def test_program_groups_mutated_while_read():
+    outer = []
+
+    class Shrinks:
+        def __len__(self):
+            outer.clear()
+            return 1
+
+        def __iter__(self):
+            outer.clear()
+            return iter([0])
+
+    outer.extend([Shrinks(), [0], [0]])
+    with pytest.raises(ValueError, match="inputs: expected 1 entries"):
+        make_program([lambda x: x], inputs=outer)
+
+
+def test_program_input_index_is_copied():
+    index = {"n0/x": 0}
+    program = make_program([lambda x: x], input_index=index)
+    index["n0/x"] = 10**6
+    index["n0/y"] = 10**6
+    out = program.run({"n0/x": torch.ones(2)})
+    torch.testing.assert_close(out["out"], torch.ones(2))
+    with pytest.raises(KeyError, match="Unknown input key"):
+        program.run({"n0/y": torch.ones(2)})
+
+
+def test_program_inputs_mutated_during_check():
+    inputs = {}
+
+    class Sneaky:
+        @property
+        def dtype(self):
+            inputs.clear()
+            inputs.update({f"k{i}": i for i in range(100)})
+            return torch.float32
+
+        shape = (2,)
+
+    inputs["n0/x"] = Sneaky()
+    program = make_program([lambda x: x])
+    out = program.run(inputs)
+    assert isinstance(out["out"], Sneaky)
+
+
+def test_program_list_output_mutated_by_clone():
+    kept = []
+
+    class Out:
+        def clone(self):
+            kept.clear()
+            return Out()
+
+    def node(x):
+        kept[:] = [Out(), Out()]
+        return kept
+
+    program = make_program([node], noutputs=[2], dests=[[1, 1, 1], [1]])
+    program.set(0, torch.zeros(2))
+    program.run({})
+    assert isinstance(program.get(1), Out)
+
+
+def test_program_output_count_overflow():
+    big = 2**63 - 1
+    with pytest.raises(OverflowError):
+        make_program([lambda x: x, lambda x: x], noutputs=[big, big])
+
+
+def test_program_results_error_releases_keys():
+    key = object()
+    import sys
+
+    before = sys.getrefcount(key)
+    with pytest.raises(ValueError, match="out of range"):
+        make_program([lambda x: x], results=[(key, 1), ("b", 99)])
+    with pytest.raises(TypeError, match="2-tuples"):
+        make_program([lambda x: x], results=[(key, 1), 3])
+    gc.collect()
+    assert sys.getrefcount(key) == before
+
+
 def _rss_kb() -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
