@@ -154,8 +154,9 @@ class SessionAPI:
                 replaced[leaf.path] = self._reenter_input(node, leaf)
         return rebuild(values, replaced)
 
-    def _check_unique(self, node: Any, name: str, outputs: bool = False) -> None:
-        if name in _port_names(node, outputs):
+    def _check_unique(self, node: Any, name: str, outputs: bool = False,
+                      taken: list | None = None) -> None:
+        if name in (taken if taken is not None else _port_names(node, outputs)):
             fatal(f"Error: Duplicate name '{name}' in node '{node.name}'. Each input/output "
                   f"must have a unique name: rename one of them.")
 
@@ -278,14 +279,13 @@ class SessionAPI:
     def _finish(self, node: Any, leaves: list[Leaf], static_leaves: list[Leaf],
                 export_with: str | None, backend_params: dict) -> None:
         node_info = info(node)
-        for tracker in node_info.trackers:
-            tracker.collect(self, node)
+        cfg = _Current.config
+        skip = cfg is not None and (cfg.dry_run or node.name in cfg.non_traced)
+        # Everything that can be refused is checked before the node changes.
+        if not skip and export_with is not None:
+            from .backends import check_backend
+            check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
-        outputs: list[tuple[Leaf, int]] = []
-        for leaf in leaves:
-            self._check_unique(node, leaf.name, outputs=True)
-            outputs.append((leaf, _core.carrier_of(leaf.value).vid))
-            node.outputs.append(self._output_port(leaf, outputs[-1][1]))
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
                 fatal(f"Cannot create static output from traced tensor '{leaf.name}' of node "
@@ -295,20 +295,23 @@ class SessionAPI:
                 fatal(f"Error: static output '{leaf.name}' has type "
                       f"{type(leaf.value).__name__} but expected a raw tracable data type "
                       f"(torch.Tensor).", TypeError)
-            self._check_unique(node, leaf.name, outputs=True)
+        names = [leaf.name for leaf in leaves + static_leaves]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                self._check_unique(node, name, outputs=True, taken=names[:index])
+        for tracker in node_info.trackers:
+            tracker.collect(self, node)
+        for leaf in leaves:
+            node.outputs.append(self._output_port(leaf, _core.carrier_of(leaf.value).vid))
+        for leaf in static_leaves:
             vid = node.bind_const(clone_plain(leaf.value))
             node.outputs.append(self._output_port(leaf, vid))
         self._merge_states(node)
         self._prune(node)
         for tracker in node_info.trackers:
             tracker.restore()
-        cfg = _Current.config
-        skip = cfg is not None and (cfg.dry_run or node.name in cfg.non_traced)
         node_info.export_with = None if skip else export_with
         node_info.backend_params = dict(backend_params)
-        if not skip and export_with is not None:
-            from .backends import check_backend
-            check_backend(node.name, export_with, backend_params)
         node_info.graph_module = build_graph_module(
             node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
         for leaf in leaves:

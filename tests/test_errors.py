@@ -286,3 +286,16 @@ def test_methods_sharing_a_node_name_are_refused(bundle):
     first(torch.ones(2))  # the same method again: a re-entry
     with pytest.raises(RuntimeError, match="Cannot reuse a node name"):
         second(torch.ones(2))
+
+
+def test_a_refused_output_tensors_leaves_the_node_open_for_a_retry(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": torch.ones(2)})
+    y = x + 1
+    with pytest.raises(ValueError, match="Unexpected backend"):
+        annotate.output_tensors("n", {"y": y}, export_with="tensorrt")
+    with pytest.raises(RuntimeError, match="Duplicate name"):
+        annotate.output_tensors("n", {"y": y}, static_outputs={"y": torch.ones(2)})
+    annotate.output_tensors("n", {"y": y}, export_with="jit")  # the retry works
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"n": True}
