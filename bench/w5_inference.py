@@ -28,7 +28,6 @@ It prints one JSON line.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import statistics
 import sys

@@ -507,7 +507,8 @@ class SessionAPI:
         bound = signature.bind(*args, **kwargs)
         params = list(signature.parameters.values())
         skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
-        node = _nodes().get(node_name) or self._new_node(node_name)
+        if node_name not in _nodes():  # defaults may be registered before any input
+            self._new_node(node_name)
         origin = ("method", getattr(target, "__code__", target))
         call_args: list = []
         call_kwargs: dict = {}

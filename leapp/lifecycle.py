@@ -13,7 +13,7 @@ import torch
 
 from . import _core, _logging
 from ._logging import fatal, logger, section
-from ._session import API, SessionConfig, _Current, info
+from ._session import SessionConfig, _Current, info
 from .semantics import GraphConfigs
 
 __version__ = "0.7.2"
@@ -286,7 +286,6 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         _publish(work_dir, cfg.save_dir, cfg.graph_name)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    _Current.detected = (models, pipeline)
     _log_artifacts(cfg, nodes, exported)
     if skip_export or not validate:
         return True
