@@ -145,7 +145,7 @@ op_kind(leapp_state *st, PyObject *func)
     if (k == -1 && PyErr_Occurred()) {
         goto done;
     }
-    if (k < OP_PLAIN || k > OP_OVERWRITE) {
+    if (k < OP_PLAIN || k > OP_VIEW) {
         PyErr_Format(PyExc_ValueError, "classify() gave an unknown op kind %ld", k);
         k = -1;
         goto done;
@@ -239,6 +239,40 @@ run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyOb
     return PyObject_Vectorcall(st->run_disabled, call, 4, NULL);
 }
 
+/* Alias provenance: a result that may be a view of the receiver joins the
+ * receiver's alias group, and an in-place write on a value with aliases is
+ * carried onto them (leapp._alias).  Only view-like ops and writes on values
+ * that have a group leave C. */
+static int
+follow_aliases(leapp_state *st, NodeObject *node, int kind, PyObject *func,
+               PyObject *receiver, PyObject *result)
+{
+    CarrierObject *c = carrier_of(st, receiver); /* borrowed */
+    PyObject *hook = NULL, *done = NULL;
+    if (c == NULL || c->node != (PyObject *)node || st->alias_link == NULL) {
+        return 0;
+    }
+    if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
+        if (c->group == NULL) {
+            return 0;
+        }
+        hook = st->alias_write;
+        done = PyObject_CallFunctionObjArgs(hook, receiver, func, NULL);
+    }
+    else if ((kind == OP_VIEW || kind == OP_COPY || kind == OP_TO) && result != receiver) {
+        hook = st->alias_link;
+        done = PyObject_CallFunctionObjArgs(hook, receiver, result, NULL);
+    }
+    else {
+        return 0;
+    }
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
 /* Record an op of the tracing node and bind its results. */
 static PyObject *
 trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
@@ -295,6 +329,9 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
                            ? Py_None : tkwargs;
         record = PyTuple_Pack(4, rfunc, targs, kw, out);
         if (record == NULL || PyList_Append(node->ops, record) < 0) {
+            goto error;
+        }
+        if (receiver != NULL && follow_aliases(st, node, kind, func, receiver, result) < 0) {
             goto error;
         }
     }
@@ -395,11 +432,21 @@ trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *typ
         }
     }
     c = src != NULL ? carrier_of(st, src) : NULL;
-    if (c == NULL || c != w->first || c->port == NULL) {
+    if (c == NULL || c != w->first
+        || (c->port == NULL && !((kind == OP_INPLACE || kind == OP_OVERWRITE) && c->group))) {
         return result;
     }
     Py_INCREF(c);
     if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
+        if (c->group != NULL && st->alias_write != NULL) {
+            /* The write may reach a view that a tracing node declared. */
+            PyObject *ok = PyObject_CallFunctionObjArgs(st->alias_write, src, func, NULL);
+            if (ok == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            Py_DECREF(ok);
+        }
         Py_CLEAR(c->port); /* a published value changed in place is a new value */
         goto done;
     }

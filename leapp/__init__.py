@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import _core, _ops
+from . import _alias  # noqa: F401  (binds the alias hooks into the core)
 from ._session import API
 from ._traced import TracedTensor, alias
 

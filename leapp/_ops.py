@@ -16,9 +16,20 @@ import torch
 
 from . import _core
 
-OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE = 0, 1, 2, 3, 4
+OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE, OP_VIEW = 0, 1, 2, 3, 4, 5
 
 _COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
+# Functions that may return a view sharing their first argument's storage (the
+# core then checks the storage and follows in-place writes across the views).
+_VIEW_NAMES = {
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "ravel", "squeeze",
+    "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis",
+    "expand", "expand_as", "broadcast_to", "narrow", "select", "__getitem__", "unfold",
+    "diagonal", "as_strided", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
+    "hsplit", "vsplit", "dsplit", "view_as_real", "view_as_complex", "alias", "adjoint",
+    "atleast_1d", "atleast_2d", "atleast_3d", "type_as", "float", "double", "half", "int",
+    "long", "bool", "type", "__get__", "align_as", "squeeze_copy",
+}
 _INPLACE_DUNDERS = {
     "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
     "__itruediv__": "__truediv__", "__ifloordiv__": "__floordiv__", "__imod__": "__mod__",
@@ -71,6 +82,8 @@ def classify(func: Any) -> int:
         return OP_COPY
     if name == "to":
         return OP_TO
+    if name in _VIEW_NAMES:
+        return OP_VIEW
     return OP_PLAIN
 
 
@@ -125,6 +138,21 @@ def index_write(dest: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> t
     """dest with value written at the flat positions idx (a functional setitem)."""
     flat = dest.reshape(-1).clone()
     flat[idx.reshape(-1)] = value.to(dest.dtype).expand(idx.shape).reshape(-1)
+    return flat.reshape(dest.shape)
+
+
+def gather_positions(src: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The elements of src at the flat positions given (shaped like positions):
+    the value of a view whose memory a write on src covered entirely."""
+    return src.reshape(-1)[positions]
+
+
+def scatter_positions(dest: torch.Tensor, dest_pos: torch.Tensor, src: torch.Tensor,
+                      src_pos: torch.Tensor) -> torch.Tensor:
+    """dest with src's elements at src_pos written to its flat positions dest_pos:
+    the value of a view whose memory a write on src covered in part."""
+    flat = dest.reshape(-1).clone()
+    flat[dest_pos] = src.reshape(-1)[src_pos].to(dest.dtype)
     return flat.reshape(dest.shape)
 
 

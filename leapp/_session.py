@@ -18,12 +18,13 @@ import inspect
 import os
 import sys
 import textwrap
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from . import _core
+from . import _alias, _core
 from ._fx import build_graph_module
 from ._logging import fatal, logger
 from ._payload import Leaf, flatten, normalize, rebuild
@@ -58,6 +59,13 @@ class NodeInfo:
     origins: set = field(default_factory=set)           # where pass 1 declared inputs
     pending: dict = field(default_factory=dict)         # re-entry sample in progress
     samples: int = 0                                    # cached re-entry samples
+    declared: list = field(default_factory=list)        # (input name, weakref to tensor)
+    input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
+
+    def declared_inputs(self) -> list:
+        """(name, tensor) of the declared inputs whose tensors are still alive."""
+        alive = [(name, ref()) for name, ref in self.declared]
+        return [(name, t) for name, t in alive if t is not None]
 
 
 class _Current:
@@ -182,6 +190,11 @@ class SessionAPI:
                     "registered outputs; it becomes a graph input. Publish it with "
                     "annotate.output_tensors('%s', ...) to wire it.", leaf.name, node.name,
                     carrier.node.name, carrier.node.name)
+        node_info = info(node)
+        declared = node_info.declared_inputs()
+        same = _alias.twin(value, declared) if src_port is None else None
+        if same is not None:
+            return self._adopt_declared(node, leaf, value, *same)
         dtype, shape = _describe(value)
         vid = node.new_value()
         port = _core.Port(leaf.name, dtype, shape, vid, clone_plain(value), leaf.semantics)
@@ -190,6 +203,30 @@ class SessionAPI:
         node.inputs.append(port)
         traced = value if type(value) is torch.Tensor else alias(value)
         _core.set_carrier(traced, node, vid, None, True)
+        _alias.link_declared(node, traced, [t for _, t in declared])
+        node_info.declared.append((leaf.name, weakref.ref(traced)))
+        return traced
+
+    def _adopt_declared(self, node: Any, leaf: Leaf, value: torch.Tensor, name: str,
+                        other: torch.Tensor) -> Any:
+        """A second declaration of one buffer (same memory, same layout): one port."""
+        port = next((p for p in list(node.inputs) + list(node.trimmed_inputs)
+                     if p.name == name), None)
+        if port is None:
+            fatal(f"State tensor '{name}' of node '{node.name}' is missing its input "
+                  f"description.")
+        logger.info("Input '%s' for node '%s' shares memory with declared input '%s'. Both "
+                    "names describe one graph value, so '%s' will be the only port in the "
+                    "exported node interface.", leaf.name, node.name, name, name)
+        if leaf.semantics is not None and port.semantics is None:
+            port.semantics = leaf.semantics
+        if leaf.name != name:
+            info(node).input_aliases[leaf.name] = name
+        if value is other:
+            return other
+        traced = value if type(value) is torch.Tensor else alias(value)
+        _core.set_carrier(traced, node, _core.carrier_of(other).vid, None, True)
+        _alias.link_declared(node, traced, [other])
         return traced
 
     def _find_port(self, node: Any, name: str, outputs: bool) -> Any:
@@ -221,6 +258,11 @@ class SessionAPI:
             info(node).pending[id(port)] = (port, clone_plain(value))
 
     def _reenter_input(self, node: Any, leaf: Leaf) -> Any:
+        surviving = info(node).input_aliases.get(leaf.name)
+        if surviving is not None:  # a second name of one declared buffer
+            port = self._find_port(node, surviving, outputs=False)
+            self._check_same(node, port, Leaf(surviving, leaf.value, leaf.semantics, leaf.path))
+            return plain(leaf.value)
         port = self._find_port(node, leaf.name, outputs=False)
         self._check_same(node, port, leaf)
         carrier = _core.carrier_of(leaf.value)
@@ -286,6 +328,8 @@ class SessionAPI:
             from .backends import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        _alias.check_outputs(node, node_info.declared_inputs(),
+                             [(leaf.name, leaf.value) for leaf in leaves])
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
                 fatal(f"Cannot create static output from traced tensor '{leaf.name}' of node "
