@@ -247,9 +247,13 @@ static int
 follow_aliases(leapp_state *st, NodeObject *node, int kind, PyObject *func,
                PyObject *receiver, PyObject *result)
 {
-    CarrierObject *c = carrier_of(st, receiver); /* borrowed */
+    CarrierObject *c;                 /* borrowed from receiver's dict */
     PyObject *hook = NULL, *done = NULL;
-    if (c == NULL || c->node != (PyObject *)node || st->alias_link == NULL) {
+    if (kind == OP_PLAIN || st->alias_link == NULL) {
+        return 0;                     /* the common op: no view, no write */
+    }
+    c = carrier_of(st, receiver);
+    if (c == NULL || c->node != (PyObject *)node) {
         return 0;
     }
     if (kind == OP_INPLACE || kind == OP_OVERWRITE) {

@@ -99,6 +99,18 @@ def link(src: Any, result: Any) -> None:
     target.group = group
 
 
+def join(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Put two traced tensors known to share memory in one alias group."""
+    first, second = _core.carrier_of(a), _core.carrier_of(b)
+    if first is None or second is None:
+        return
+    group = first.group or second.group or AliasGroup()
+    for tensor, carrier in ((a, first), (b, second)):
+        if carrier.group is not group:
+            carrier.group = group
+            group.add(tensor)
+
+
 def link_declared(node: Any, tensor: torch.Tensor, declared: list) -> Any:
     """Put a newly declared input in one group with the node's earlier declared
     inputs that share its storage; returns the earlier one with the very same
@@ -195,13 +207,14 @@ def _foreign_write(receiver: torch.Tensor, carrier: Any, member: torch.Tensor,
 
 
 def twin(tensor: torch.Tensor, declared: list) -> tuple | None:
-    """The (name, tensor) among declared with tensor's very storage and layout."""
+    """The (name, tensor) among declared that is another object over tensor's very
+    storage and layout (the same object declared again is a new input)."""
     where = _storage(tensor)
     if where is None:
         return None
     mine = _layout(tensor)
     for name, other in declared:
-        if _storage(other) == where and _layout(other) == mine:
+        if other is not tensor and _storage(other) == where and _layout(other) == mine:
             return name, other
     return None
 

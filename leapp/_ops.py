@@ -57,6 +57,10 @@ def functional_twin(func: Any) -> Callable | None:
         return index_write
     if func is torch.Tensor.copy_:
         return copy_write
+    if func is torch.Tensor.fill_ or func is torch.fill_:
+        return filled
+    if func is torch.Tensor.zero_ or func is torch.zero_:
+        return zeroed
     if name.endswith("_") and not name.endswith("__") and name not in _METADATA_INPLACE:
         base = name[:-1]
         twin = getattr(torch.Tensor, base, None)
@@ -112,6 +116,10 @@ def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
         dest, src = args[0], args[1]
         return copy_write, (dest, src), {}
     twin = functional_twin(func)
+    if twin is filled:  # fill_(tensor) is a broadcast copy; fill_(number) a full_like
+        if isinstance(args[1], torch.Tensor):
+            return copy_write, (args[0], args[1]), {}
+        return filled, (args[0], float(args[1])), {}
     rest = tuple(args[1:])
     return twin, (_snapshot(args[0]),) + rest, kwargs
 
@@ -164,6 +172,16 @@ def masked_write(dest: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) ->
 def copy_write(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """The value dest holds after dest.copy_(src)."""
     return src.to(dest.dtype).expand(dest.shape).clone()
+
+
+def filled(dest: torch.Tensor, value: float) -> torch.Tensor:
+    """The value dest holds after dest.fill_(value) with a Python number."""
+    return torch.full_like(dest, value)
+
+
+def zeroed(dest: torch.Tensor) -> torch.Tensor:
+    """The value dest holds after dest.zero_()."""
+    return torch.zeros_like(dest)
 
 
 def reverse_dims(x: torch.Tensor) -> torch.Tensor:

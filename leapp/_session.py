@@ -203,6 +203,8 @@ class SessionAPI:
         node.inputs.append(port)
         traced = value if type(value) is torch.Tensor else alias(value)
         _core.set_carrier(traced, node, vid, None, True)
+        if traced is not value and carrier is not None:
+            _alias.join(value, traced)  # one memory, two nodes' values
         _alias.link_declared(node, traced, [t for _, t in declared])
         node_info.declared.append((leaf.name, weakref.ref(traced)))
         return traced
