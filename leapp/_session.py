@@ -547,20 +547,31 @@ class SessionAPI:
         options = method.options
         node_name = options.get("node_name") or getattr(fn, "__name__", "method")
         target = inspect.unwrap(fn)
-        signature = inspect.signature(target)
+        # The signature of fn itself: it follows __wrapped__ (torch.no_grad() and
+        # other functools.wraps decorators) and leaves out a bound method's self,
+        # also when the method's function is the wrapped one.
+        signature = inspect.signature(fn)
         bound = signature.bind(*args, **kwargs)
         params = list(signature.parameters.values())
         skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
         if node_name not in _nodes():  # defaults may be registered before any input
             self._new_node(node_name)
+        node = _nodes()[node_name]
+        first_pass = bool(node.is_tracing)
+        if first_pass and (options.get("environment_constants") or options.get("register_buffers")):
+            owner = bound.args[0] if skip_first else _bound_self(fn)
+            self._closed_over(node_name, target, owner, options)
         origin = ("method", getattr(target, "__code__", target))
         call_args: list = []
         call_kwargs: dict = {}
         for index, param in enumerate(params):
             if param.name not in bound.arguments:
-                if _is_tensor(param.default):  # an unpassed tensor default: a constant
+                if _is_tensor(param.default):
+                    # An unpassed tensor default is a constant of the node.  A fresh
+                    # alias per parameter: one default object may serve several
+                    # parameters, and the caller's default itself is never tagged.
                     call_kwargs[param.name] = self.register_buffer(
-                        node_name, {param.name: param.default})
+                        node_name, {param.name: alias(param.default)})
                 continue
             value = bound.arguments[param.name]
             if index == 0 and skip_first:
@@ -593,7 +604,33 @@ class SessionAPI:
         self.output_tensors(node_name, dict(zip(names, values)),
                             export_with=options.get("export_with"),
                             backend_params=options.get("backend_params") or {})
+        if first_pass and options.get("environment_constants") and not node.is_tracing:
+            # Freeze the named constants now: the node's graph (and the copies
+            # of the closed-over tensors it holds) is built from today's values.
+            _ = info(node).graph_module.module
         return result
+
+    def _closed_over(self, node_name: str, target: Callable, owner: Any,
+                     options: dict) -> None:
+        """First trace: resolve environment_constants and register register_buffers."""
+        for name in options.get("environment_constants") or ():
+            found, _ = _resolve_name(target, owner, name)
+            if found:
+                logger.info("Environment constant '%s' of node '%s' is frozen into the node as "
+                            "a constant.", name, node_name)
+            else:
+                logger.warning("environment_constants of node '%s': '%s' does not name an "
+                               "object the function can reach (closure, globals, self); "
+                               "closed-over values it reads are constants of the node anyway.",
+                               node_name, name)
+        for name in options.get("register_buffers") or ():
+            found, value = _resolve_name(target, owner, name)
+            if not found or not _is_tensor(value):
+                what = "does not name an object the function can reach" if not found \
+                    else f"is a {type(value).__name__}, not a tensor"
+                fatal(f"register_buffers of node '{node_name}': '{name}' {what}. List the "
+                      f"closed-over tensors the function writes in place.", ValueError)
+            self.register_buffer(node_name, {name.replace(".", "_"): value})
 
     def _method_input(self, node_name: str, name: str, value: Any, origin: Any) -> Any:
         if _has_tensor(value):
@@ -619,6 +656,43 @@ def _origin_text(origin: Any) -> str:
         code = origin[1]
         return f"@annotate.method {getattr(code, 'co_name', code)}"
     return f"{origin[0]}:{origin[1]}"
+
+
+def _bound_self(fn: Any) -> Any:
+    """The object a bound method (possibly under functools.wraps wrappers) is bound to."""
+    seen = 0
+    while fn is not None and seen < 100:
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and not inspect.ismodule(owner):
+            return owner
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def _resolve_name(target: Callable, owner: Any, name: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted name seen from target: self/cls, closure, globals."""
+    head, *rest = name.split(".")
+    if head in ("self", "cls") and owner is not None:
+        value = owner
+    else:
+        try:
+            scopes = inspect.getclosurevars(target)
+        except TypeError:
+            return False, None
+        globals_ = getattr(target, "__globals__", {})
+        for scope in (scopes.nonlocals, scopes.globals, globals_, scopes.builtins):
+            if head in scope:
+                value = scope[head]
+                break
+        else:
+            return False, None
+    for attr in rest:
+        try:
+            value = getattr(value, attr)
+        except AttributeError:
+            return False, None
+    return True, value
 
 
 def _has_tensor(value: Any) -> bool:
