@@ -92,11 +92,20 @@ def _describe(value: torch.Tensor) -> tuple[str, tuple]:
     return _core.dtype_name(value), tuple(int(s) for s in value.shape)
 
 
-def _shape_text(name: str, dtype: str, shape: tuple, semantics: dict | None = None) -> str:
-    """A port description for messages: name, dtype, shape and semantic fields."""
-    fields = [f"name: {name}", f"dtype: {dtype}", f"shape: {list(shape)}"]
-    fields += [f"{key}: {value}" for key, value in (semantics or {}).items()]
-    return "{" + ", ".join(fields) + "}"
+def _listed(value: Any) -> Any:
+    """Tuples as lists, recursively (descriptions print like upstream's)."""
+    if isinstance(value, (list, tuple)):
+        return [_listed(v) for v in value]
+    return value
+
+
+def _description_text(name: str, dtype: str, shape: tuple,
+                      semantics: dict | None = None) -> str:
+    """A port description for messages: the YAML entry as a dict, semantic fields last."""
+    entry: dict[str, Any] = {"name": name, "dtype": dtype, "shape": [int(s) for s in shape],
+                             "type": "tensor"}
+    entry.update({key: _listed(value) for key, value in (semantics or {}).items()})
+    return repr(entry)
 
 
 def _port_names(node: Any, outputs: bool) -> list[str]:
@@ -164,9 +173,14 @@ class SessionAPI:
 
     def _check_unique(self, node: Any, name: str, outputs: bool = False,
                       taken: list | None = None) -> None:
-        if name in (taken if taken is not None else _port_names(node, outputs)):
-            fatal(f"Error: Duplicate name '{name}' in node '{node.name}'. Each input/output "
-                  f"must have a unique name: rename one of them.")
+        names = taken if taken is not None else _port_names(node, outputs)
+        if name in names:
+            existing = "{" + ", ".join(repr(n) for n in dict.fromkeys(names)) + "}"
+            fatal(f"Duplicate i/o name '{name}' in node '{node.name}'. \nCurrently existing "
+                  f"names: {existing}\nEach input/output in the same node must have a unique "
+                  f"name.\nError: Duplicate name '{name}' among the "
+                  f"{'outputs' if outputs else 'inputs'} of node '{node.name}'. Each "
+                  f"input/output must have a unique name: rename one of them.")
 
     def _new_input(self, node: Any, leaf: Leaf, state: bool) -> Any:
         self._check_unique(node, leaf.name)
@@ -177,8 +191,10 @@ class SessionAPI:
             if carrier.node is not node:
                 fatal(f"Error: when creating inputs for '{node.name}', detected data "
                       f"'{leaf.name}' is an active TracedTensor from a different node "
-                      f"'{carrier.node.name}'. Mixing active contexts is not allowed: finish "
-                      f"'{carrier.node.name}' with annotate.output_tensors() first.")
+                      f"'{carrier.node.name}'. \nMixing active contexts is not allowed. Call "
+                      f"output_tensors() on the source node first.\nFinish "
+                      f"'{carrier.node.name}' with annotate.output_tensors('{carrier.node.name}'"
+                      f", ...) before its values are declared as inputs of '{node.name}'.")
             logger.warning("Input '%s' of node '%s' is already a traced value of this node; "
                            "it is declared again as a new input.", leaf.name, node.name)
         elif carrier is not None:
@@ -242,15 +258,24 @@ class SessionAPI:
     def _check_same(self, node: Any, port: Any, leaf: Leaf) -> None:
         dtype, shape = _describe(leaf.value)
         semantics = leaf.semantics
-        if dtype != port.dtype or shape != tuple(port.shape) or (
-                semantics is not None and semantics != port.semantics):
-            old = _shape_text(port.name, port.dtype, port.shape, port.semantics)
-            new = _shape_text(leaf.name, dtype, shape,
-                              semantics if semantics is not None else port.semantics)
+        changed_semantics = semantics is not None and semantics != port.semantics
+        if dtype != port.dtype or shape != tuple(port.shape) or changed_semantics:
+            old = _description_text(port.name, port.dtype, port.shape, port.semantics)
+            # As upstream prints it: the new description carries the semantic
+            # fields only when those are what changed.
+            new = _description_text(port.name, dtype, shape,
+                                    semantics if changed_semantics else None)
+            first = {"dtype": port.dtype, "shape": list(port.shape), **(port.semantics or {})}
+            now = {"dtype": dtype, "shape": list(shape),
+                   **(semantics if changed_semantics else port.semantics or {})}
+            changes = "; ".join(f"{key}: {_listed(first.get(key))} (first pass) vs {key}: "
+                                f"{_listed(now.get(key))} (now)" for key in dict.fromkeys(
+                                    [*first, *now]) if first.get(key) != now.get(key))
             fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
                   f"{node.name} with new i/o {leaf.name} \nbut the description has changed "
                   f"from {old} to {new}.\nThis can happen if some dynamic "
-                  f"behavior is not captured by the annotations")
+                  f"behavior is not captured by the annotations\nWhat changed: {changes}. "
+                  f"Every pass must give '{leaf.name}' the structure of the first one.")
 
     def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:
         cfg = _Current.config
@@ -310,13 +335,18 @@ class SessionAPI:
                   f"(use static_outputs= for constants);\n"
                   f"  2. the trace was broken, e.g. by a numpy round-trip or .item();\n"
                   f"  3. the value returned by annotate.input_tensors() was not used.")
-        foreign = [f"{leaf.name} (node '{_core.carrier_of(leaf.value).node.name}')"
-                   for leaf in leaves if _core.carrier_of(leaf.value).node is not node
+        foreign = [leaf for leaf in leaves if _core.carrier_of(leaf.value).node is not node
                    or not _core.carrier_of(leaf.value).active]
         if foreign:
+            owners = {_core.carrier_of(leaf.value).node.name for leaf in leaves}
+            owners_text = "{" + ", ".join(repr(n) for n in sorted(owners)) + "}"
+            which = [f"{leaf.name} (node '{_core.carrier_of(leaf.value).node.name}')"
+                     for leaf in foreign]
             fatal(f"{api}() for node '{node.name}' received tensors that belong to a different "
-                  f"node: {foreign}. Declare them with annotate.input_tensors('{node.name}', "
-                  f"...) to use them here.")
+                  f"node: {owners_text}.\n Make sure you are passing tensors derived from "
+                  f"annotate.input_tensors('{node.name}', ...) to annotate.{api}"
+                  f"('{node.name}', ...).\nThe tensors from elsewhere: {which}. Declare them "
+                  f"with annotate.input_tensors('{node.name}', ...) to use them here.")
 
     def _finish(self, node: Any, leaves: list[Leaf], static_leaves: list[Leaf],
                 export_with: str | None, backend_params: dict) -> None:
@@ -332,13 +362,17 @@ class SessionAPI:
                              [(leaf.name, leaf.value) for leaf in leaves])
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
-                fatal(f"Cannot create static output from traced tensor '{leaf.name}' of node "
-                      f"'{node.name}'. Static outputs must be raw tensors; return traced "
-                      f"values through the tensors argument instead.")
+                fatal(f"Error: static output '{leaf.name}' is a traced TracedTensor. Static "
+                      f"outputs should be constant tensors, not traced computations.\nCannot "
+                      f"create static output from traced tensor '{leaf.name}' of node "
+                      f"'{node.name}': return traced values through the tensors argument "
+                      f"instead.")
             if not _is_tensor(leaf.value):
                 fatal(f"Error: static output '{leaf.name}' has type "
-                      f"{type(leaf.value).__name__} but expected a raw tracable data type "
-                      f"(torch.Tensor).", TypeError)
+                      f"{type(leaf.value).__name__} but expected a raw tracable data type.\n"
+                      f"**Static outputs must be raw tensors, not derived from input tensors.**"
+                      f"\nIf this value depends on inputs, use it as a regular output tensor "
+                      f"instead. (A static output is a torch.Tensor.)", TypeError)
         names = [leaf.name for leaf in leaves + static_leaves]
         for index, name in enumerate(names):
             if name in names[:index]:
