@@ -28,6 +28,15 @@ from ._logging import fatal, logger
 from ._session import SessionConfig, _Current, info
 
 
+def _as_lists(value: Any) -> Any:
+    """A copy of a YAML document with its flow-style tuples as lists (as the YAML loads)."""
+    if isinstance(value, dict):
+        return {key: _as_lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(item) for item in value]
+    return value
+
+
 def _config() -> SessionConfig:
     """The current session's configuration, created with upstream's defaults if absent."""
     if _Current.config is None:
@@ -241,7 +250,7 @@ class ExportManager:
         last = self._last_compile()
         if "models" not in last:
             raise AttributeError("detected_nodes: no graph has been compiled in this session")
-        return last["models"]
+        return _as_lists(last["models"])
 
     @property
     def detected_pipeline(self) -> dict:
@@ -249,7 +258,7 @@ class ExportManager:
         last = self._last_compile()
         if "pipeline" not in last:
             raise AttributeError("detected_pipeline: no graph has been compiled in this session")
-        return last["pipeline"]
+        return _as_lists(last["pipeline"])
 
     def get_io_descriptions(self) -> dict:
         """``{"models": {node: {inputs, outputs, parameters}}}``.
@@ -259,11 +268,11 @@ class ExportManager:
         """
         last = self._last_compile()
         if "models" in last:
-            return {"models": last["models"]}
+            return {"models": _as_lists(last["models"])}
         from .lifecycle import _model_entry
         save = self.get_save_path() or "."
         nodes = sorted(_core.nodes().values(), key=lambda n: n.node_index)
-        return {"models": {n.name: _model_entry(n, None, save, save) for n in nodes}}
+        return {"models": _as_lists({n.name: _model_entry(n, None, save, save) for n in nodes})}
 
     def compile_models(self) -> None:
         """No-op: ``save_models()`` / ``leapp.compile_graph()`` export and save in one step."""
