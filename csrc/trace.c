@@ -28,13 +28,12 @@ raise_mixed(walk *w, NodeObject *other)
         PyErr_Clear();
         fname = PyObject_Repr(w->func);
         if (fname == NULL) {
-            return -1;
+            goto done;
         }
     }
     order = PyObject_RichCompareBool(lo, hi, Py_GT);
     if (order < 0) {
-        Py_DECREF(fname);
-        return -1;
+        goto done;
     }
     if (order) {
         lo = other->name;
@@ -51,7 +50,8 @@ raise_mixed(walk *w, NodeObject *other)
                  "with annotate.output_tensors() and declare its result with "
                  "annotate.input_tensors('%U', ...) before using it there.",
                  lo, hi, fname, w->active->name, other->name, other->name, w->active->name);
-    Py_DECREF(fname);
+done:
+    Py_XDECREF(fname);
     return -1;
 }
 
