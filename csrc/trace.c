@@ -16,25 +16,42 @@ typedef struct {
     CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
 } walk;
 
+/* Upstream's message (the two node names as a sorted set), then which op
+ * mixed them and how to fix it. */
 static int
 raise_mixed(walk *w, NodeObject *other)
 {
     PyObject *fname = PyObject_GetAttrString(w->func, "__name__");
+    PyObject *lo = w->active->name, *hi = other->name; /* borrowed */
+    int order;
     if (fname == NULL) {
         PyErr_Clear();
         fname = PyObject_Repr(w->func);
         if (fname == NULL) {
-            return -1;
+            goto done;
         }
     }
+    order = PyObject_RichCompareBool(lo, hi, Py_GT);
+    if (order < 0) {
+        goto done;
+    }
+    if (order) {
+        lo = other->name;
+        hi = w->active->name;
+    }
     PyErr_Format(PyExc_RuntimeError,
-                 "Error: detected multiple TracedTensor contexts: '%U' and '%U' inside of "
-                 "a traced function ('%S'). Cannot mix multiple active TracedTensors from "
-                 "different contexts. Finish node '%U' with annotate.output_tensors() and "
-                 "declare its result with annotate.input_tensors('%U', ...) before using it "
-                 "there.",
-                 w->active->name, other->name, fname, other->name, w->active->name);
-    Py_DECREF(fname);
+                 "Error: detected multiple TracedTensor contexts: {%R, %R} inside of a traced "
+                 "function.\n\nThis happens when you mix multiple active TracedTensors from "
+                 "different contexts inside of a traced function/block. solutions:\n\n"
+                 "1. call output_tensors() to finalize one of the nodes first\n"
+                 "2. combine both nodes into a single node by calling input_tensors() with the "
+                 "same node name\n\nIn op '%S', nodes '%U' and '%U' are both tracing. Cannot "
+                 "mix multiple active TracedTensors from different contexts. Finish node '%U' "
+                 "with annotate.output_tensors() and declare its result with "
+                 "annotate.input_tensors('%U', ...) before using it there.",
+                 lo, hi, fname, w->active->name, other->name, other->name, w->active->name);
+done:
+    Py_XDECREF(fname);
     return -1;
 }
 
