@@ -145,14 +145,18 @@ def write(receiver: torch.Tensor, func: Any) -> None:
     if (getattr(func, "__name__", "") or "") in _LAYOUT_ONLY:
         return
     node = carrier.node
+    members = [(m, _core.carrier_of(m)) for m in carrier.group.live() if m is not receiver]
+    # Outside tracing (later passes, finished nodes) only aliases that a tracing
+    # node declared or that stand for a published port can be affected.
+    members = [(m, c) for m, c in members if c is not None
+               and (node.is_tracing or c.node.is_tracing or c.port is not None)]
+    if not members:
+        return
     written = _layout(receiver)
     where = _storage(receiver)
     offsets = None
-    for member in carrier.group.live():
-        if member is receiver:
-            continue
-        other = _core.carrier_of(member)
-        if other is None or _storage(member) != where:
+    for member, other in members:
+        if _storage(member) != where:
             continue
         layout = _layout(member)
         if layout == written and other.node is node:
