@@ -225,7 +225,8 @@ def twin(tensor: torch.Tensor, declared: list) -> tuple | None:
 
 def check_outputs(node: Any, declared: list, outputs: list) -> None:
     """Refuse an output that shares memory with a surviving declared input of the
-    node under a different value: the two would disagree in the export."""
+    node without leapp having followed the aliasing (no common alias group): a
+    write through one would not be seen through the other in the export."""
     for name, value in outputs:
         carrier = _core.carrier_of(value)
         where = _storage(value) if carrier is not None else None
@@ -238,6 +239,8 @@ def check_outputs(node: Any, declared: list, outputs: list) -> None:
                     or _storage(tensor) != where or _layout(tensor) != layout
                     or port_carrier.vid == carrier.vid):
                 continue
+            if carrier.group is not None and port_carrier.group is carrier.group:
+                continue  # followed views: every write reached both
             if not any(p.name == port_name for p in node.inputs):
                 continue  # pruned: the output is the only view of those bytes
             fatal(f"Error: output '{name}' of node '{node.name}' shares memory with declared "

@@ -241,6 +241,20 @@ def test_untracked_alias_of_input_as_output_is_refused(bundle):
         annotate.output_tensors("n", {"y": y, "x2": x + 1})
 
 
+def test_view_round_trip_of_input_as_output_is_accepted(bundle):
+    """squeeze(unsqueeze(x)) has x's very layout: a followed view, not a conflict."""
+    x0 = _input()
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": x0.clone()})
+    same = torch.squeeze(torch.unsqueeze(x, 0), 0)
+    x.add_(1)
+    annotate.output_tensors("n", {"same": same, "other": x * 2}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(validate=True) == {"n": True}
+    got = torch.jit.load(_artifact(bundle, "g"))(x0.clone())
+    torch.testing.assert_close(got[0], x0 + 1)
+
+
 def test_buffer_declared_twice_is_one_port_keeping_semantics(bundle):
     """The same memory declared under a second name binds to the first port; the
     semantics given only on the second declaration are kept."""
