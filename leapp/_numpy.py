@@ -796,6 +796,12 @@ def _linalg_norm(x: Any, ord: Any = None, axis: Any = None,  # noqa: A002
     return torch.linalg.norm(x, ord=ord, dim=axis, keepdim=keepdims)
 
 
+def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> torch.Tensor:
+    a, b = _as_tensors((a, b))
+    return torch.isclose(*_common([a, b]), rtol=rtol, atol=atol, equal_nan=equal_nan)
+
+
 _FUNCTIONS: dict[Callable, Callable] = {
     np.sum: _reduction(torch.sum), np.prod: _reduction(torch.prod),
     np.max: _reduction(torch.amax), np.amax: _reduction(torch.amax),
@@ -814,8 +820,16 @@ _FUNCTIONS: dict[Callable, Callable] = {
     np.broadcast_to: _broadcast_to, np.tile: _tile, np.repeat: _repeat,
     np.einsum: _einsum, np.tensordot: _tensordot, np.sort: _sort, np.argsort: _argsort,
     np.abs: _abs, np.absolute: _abs, np.atleast_1d: _atleast(1),
-    np.atleast_2d: _atleast(2), np.linalg.norm: _linalg_norm,
+    np.atleast_2d: _atleast(2), np.linalg.norm: _linalg_norm, np.isclose: _isclose,
 }
+
+
+def _holds_array(obj: Any) -> bool:
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return True
+    if isinstance(obj, (tuple, list)):
+        return any(_holds_array(o) for o in obj)
+    return False
 
 
 def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -824,8 +838,15 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
         return func(*_to_plain(args), **_to_plain(kwargs))
     what = f"numpy.{getattr(func, '__name__', func)}"
     impl = _FUNCTIONS.get(func)
-    if impl is None or kwargs.get("out") is not None:
-        raise _unmapped(what + ("(out=...)" if impl is not None else ""), node)
+    if impl is None and func is not np.copyto:
+        # Like size() or item() on a tensor: a function giving plain Python
+        # values (np.shape, np.allclose, ...) runs as is and is not recorded.
+        reference = func(*_to_plain(args), **_to_plain(kwargs))
+        if not _holds_array(reference):
+            return reference
+        raise _unmapped(what, node)
+    if kwargs.get("out") is not None:
+        raise _unmapped(what + "(out=...)", node)
     if func is np.copyto:
         dst, src = args[0] if args else kwargs["dst"], args[1] if len(args) > 1 else kwargs["src"]
         func(_NP_ARRAY(_plain_array(dst), copy=True), *_to_plain(args[1:]),
