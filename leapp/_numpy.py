@@ -520,7 +520,7 @@ def _array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> A
     if target._shadow is None or not _is_active(target):
         raise _unmapped(f"{what}(out=<array not traced by node '{node.name}'>)", node)
     target._shadow.copy_(result)
-    return out
+    return target
 
 
 def _reduce(fn: Callable, t: torch.Tensor, axis: Any, keepdims: bool) -> torch.Tensor:
@@ -836,7 +836,8 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     node = _active_node((args, kwargs))
     if node is None:
         return func(*_to_plain(args), **_to_plain(kwargs))
-    what = f"numpy.{getattr(func, '__name__', func)}"
+    module = getattr(func, "__module__", None) or "numpy"
+    what = f"{module if module.startswith('numpy') else 'numpy'}.{getattr(func, '__name__', func)}"
     impl = _FUNCTIONS.get(func)
     if impl is None and func is not np.copyto:
         # Like size() or item() on a tensor: a function giving plain Python
