@@ -117,8 +117,12 @@ class TracedArray(np.ndarray):
         return wrap(self._shadow.to(_torch_dtype(target, "astype")))
 
     def copy(self, order: str = "C") -> Any:
-        """A copy of the array; recorded as a torch clone."""
-        if not _is_active(self):
+        """A copy of the array; recorded as a torch clone.
+
+        A copy of a finished node's published array keeps its port, like a
+        clone of the tensor would.
+        """
+        if _carrier(self) is None or not _core.is_tracing():
             return _plain_array(self).copy(order=order)
         return wrap(self._shadow.clone())
 
@@ -835,6 +839,8 @@ def _holds_array(obj: Any) -> bool:
 def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     node = _active_node((args, kwargs))
     if node is None:
+        if func is np.copy and len(args) == 1 and not kwargs and isinstance(args[0], TracedArray):
+            return args[0].copy()  # keeps a published port
         return func(*_to_plain(args), **_to_plain(kwargs))
     module = getattr(func, "__module__", None) or "numpy"
     what = f"{module if module.startswith('numpy') else 'numpy'}.{getattr(func, '__name__', func)}"
