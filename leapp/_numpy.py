@@ -527,6 +527,35 @@ def _array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> A
     return target
 
 
+def _tensor_of_result(result: Any) -> Any:
+    if isinstance(result, tuple):
+        return tuple(_tensor_of_result(r) for r in result)
+    if isinstance(result, TracedArray) and result._shadow is not None:
+        return result._shadow
+    if isinstance(result, (np.ndarray, np.generic)):
+        array = _NP_ASARRAY(result)
+        if array.dtype == np.bool_:  # what torch.Tensor.__array_wrap__ does
+            array = array.astype(np.uint8)
+        return _FROM_NUMPY(array)
+    return result
+
+
+def tensor_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> Any:
+    """A NumPy ufunc called on traced tensors (np.tanh(t)).
+
+    While global patching traces and an input belongs to a tracing node, the
+    ufunc is recorded through its torch equivalent and gives a traced tensor;
+    otherwise it runs on the values and gives a tensor, as for a plain one.
+    """
+    if enabled() and "out" not in kwargs and _active_node(inputs) is not None:
+        arrays = tuple(wrap(i) if isinstance(i, TracedTensor) and _core.carrier_of(i) is not None
+                       else i for i in inputs)
+        return _tensor_of_result(_array_ufunc(ufunc, method, arrays, kwargs))
+    values = tuple(plain(i).detach().numpy() if isinstance(i, torch.Tensor) else _to_plain(i)
+                   for i in inputs)
+    return _tensor_of_result(getattr(ufunc, method)(*values, **_to_plain(kwargs)))
+
+
 def _reduce(fn: Callable, t: torch.Tensor, axis: Any, keepdims: bool) -> torch.Tensor:
     if axis is None:
         axis = tuple(range(t.dim()))
@@ -854,6 +883,9 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
         raise _unmapped(what, node)
     if kwargs.get("out") is not None:
         raise _unmapped(what + "(out=...)", node)
+    refused = sorted(k for k in ("where", "initial", "like") if k in kwargs)
+    if refused:
+        raise _unmapped(f"{what}({', '.join(k + '=...' for k in refused)})", node)
     if func is np.copyto:
         dst, src = args[0] if args else kwargs["dst"], args[1] if len(args) > 1 else kwargs["src"]
         func(_NP_ARRAY(_plain_array(dst), copy=True), *_to_plain(args[1:]),

@@ -25,6 +25,11 @@ class TracedTensor(torch.Tensor):
         from ._numpy import to_numpy
         return to_numpy(self, force=force)
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """np.tanh(t) and friends: recorded while the node traces, else as for a tensor."""
+        from ._numpy import tensor_ufunc
+        return tensor_ufunc(ufunc, method, inputs, kwargs)
+
     def __array__(self, dtype=None, copy=None):
         array = plain(self).detach().numpy()
         if dtype is not None and array.dtype != dtype:

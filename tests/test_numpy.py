@@ -374,3 +374,36 @@ def test_outside_a_session_arrays_are_plain():
         warnings.simplefilter("error")
         a[0, 0] = 5.0  # writes go to the memory as in plain numpy
     assert x.detach()[0, 0].item() == 5.0
+
+
+def test_numpy_ufunc_on_a_traced_tensor_is_recorded(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
+    y = np.tanh(x) + np.maximum(x, 0.0)
+    assert type(y) is leapp.TracedTensor
+    annotate.output_tensors("n", {"y": y}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False, validate=True) == {"n": True}
+    expected = np.tanh(X) + np.maximum(X, 0.0)
+    np.testing.assert_allclose(_run_jit(bundle, "n").numpy(), expected, rtol=1e-6)
+
+
+def test_numpy_ufunc_on_a_traced_tensor_outside_a_session_acts_as_on_a_tensor():
+    from leapp._traced import alias
+    t = alias(torch.ones(2))
+    assert torch.equal(np.tanh(t), np.tanh(torch.ones(2)))
+    assert type(np.add(t, 1)) is torch.Tensor
+    assert np.greater(t, 0).dtype == np.greater(torch.ones(2), 0).dtype
+
+
+@pytest.mark.parametrize("call", ["sum_where", "max_initial"])
+def test_unsupported_keywords_are_refused_not_ignored(call):
+    leapp.start("g", save_path=".", dry_run=True)
+    x = annotate.input_tensors("n", {"x": torch.ones(3)})
+    a = x.numpy()
+    with pytest.raises(UnmappedNumpyError, match="where=|initial="):
+        if call == "sum_where":
+            np.sum(a, where=np.array([True, False, True]))
+        else:
+            np.max(a, initial=5.0)
+    leapp.stop()
