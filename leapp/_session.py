@@ -418,9 +418,10 @@ class SessionAPI:
                     _core.set_carrier(existing, node, port.vid, None, True)
                     replaced[leaf.path] = existing
                     continue
-                traced = self._new_input(node, leaf, state=True)
+                array = isinstance(leaf.value, np.ndarray)
+                traced = self._new_input(node, _tensor_leaf(leaf, True), state=True)
                 node_info.states[leaf.name] = node.inputs[-1]
-                replaced[leaf.path] = traced
+                replaced[leaf.path] = _numpy.wrap(traced) if array else traced
             return rebuild(values, replaced)
         return self._declare(node, values, fields, state=True)
 
@@ -432,8 +433,8 @@ class SessionAPI:
         node = self._existing("update_state", node_name)
         node_info = info(node)
         for name, value in values.items():
-            if isinstance(value, _numpy.TracedArray):
-                value = _numpy.shadow_of(value)
+            if isinstance(value, np.ndarray):
+                value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "

@@ -407,3 +407,18 @@ def test_unsupported_keywords_are_refused_not_ignored(call):
         else:
             np.max(a, initial=5.0)
     leapp.stop()
+
+
+def test_numpy_state_becomes_feedback(bundle):
+    leapp.start("g", save_path=bundle.root)
+    for step in range(3):
+        x = annotate.input_tensors("n", {"x": np.full(3, float(step), dtype=np.float32)})
+        h = annotate.state_tensors("n", {"h": np.zeros(3, dtype=np.float32)})
+        new = 0.5 * h + x
+        annotate.update_state("n", {"h": new})
+        annotate.output_tensors("n", {"y": new * 2}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False, validate=True) == {"n": True}
+    doc = bundle.yaml("g")
+    assert doc["pipeline"]["feedback_flow"] == {"n/h": ["n/h"]}
+    assert [p["name"] for p in doc["models"]["n"]["outputs"]] == ["y", "h"]
