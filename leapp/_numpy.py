@@ -32,11 +32,9 @@ from ._traced import TracedTensor, plain
 
 # Captured before any session patches them.
 _FROM_NUMPY = torch.from_numpy
-_AS_TENSOR = torch.as_tensor
 _TENSOR = torch.tensor
 _NP_ARRAY = np.array
 _NP_ASARRAY = np.asarray
-_NP_ASANYARRAY = np.asanyarray
 
 
 class _State:
@@ -233,6 +231,7 @@ class TracedArray(np.ndarray):
 for _name in ("sum", "prod", "mean", "std", "var", "max", "min", "argmax", "argmin", "all",
               "any", "cumsum", "cumprod"):
     getattr(TracedArray, _name).__doc__ = f"np.{_name} of the array (recorded while tracing)."
+del _name
 
 
 # --------------------------------------------------------------------------
@@ -512,7 +511,10 @@ def _array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> A
                 torch.hypot, torch.copysign, torch.logaddexp, torch.logaddexp2,
                 torch.heaviside):
             targs = [_scalar_tensor(t) for t in targs]
-        result = fn(*targs)
+        try:
+            result = fn(*targs)
+        except TypeError as exc:  # operands torch does not take (None, strings, ...)
+            raise _unmapped(f"{what} with these operands ({exc})", node) from exc
     elif method == "reduce" and ufunc in _REDUCTIONS:
         result = _reduce(_REDUCTIONS[ufunc], targs[0], kwargs.get("axis", 0),
                          bool(kwargs.get("keepdims", False)))
@@ -911,14 +913,11 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
 # Session patches (installed by leapp._patching.Patcher under global_patching)
 
 
-def _to_tensor(array: TracedArray, dtype: Any = None, device: Any = None,
-               copy: bool = False) -> torch.Tensor:
+def _to_tensor(array: TracedArray, dtype: Any = None, device: Any = None) -> torch.Tensor:
+    """The traced tensor of a traced array (a recorded conversion if asked for)."""
     tensor = array._shadow
     if dtype is not None or device is not None:
         tensor = tensor.to(device=device, dtype=dtype)
-        copy = False if tensor is not array._shadow else copy
-    if copy:
-        tensor = tensor.clone()
     return tensor
 
 
@@ -949,7 +948,8 @@ def _tensor(original: Callable) -> Callable:
     def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         source = data._shadow if _traced_array(data) else data
         if not (isinstance(source, torch.Tensor) and _core.carrier_of(source) is not None
-                and not args and set(kwargs) <= {"dtype", "device", "requires_grad"}):
+                and not args and set(kwargs) <= {"dtype", "device", "requires_grad"}
+                and not kwargs.get("requires_grad")):
             return original(_plain_array(data) if isinstance(data, TracedArray) else data,
                             *args, **kwargs)
         result = source.detach().clone()
