@@ -422,3 +422,19 @@ def test_numpy_state_becomes_feedback(bundle):
     doc = bundle.yaml("g")
     assert doc["pipeline"]["feedback_flow"] == {"n/h": ["n/h"]}
     assert [p["name"] for p in doc["models"]["n"]["outputs"]] == ["y", "h"]
+
+
+def test_in_place_write_through_the_array_reaches_its_tensor(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
+    y = x * 1.0
+    a = y.numpy()
+    a *= 2
+    a[0] = -1.0
+    expected = X * 2
+    expected[0] = -1.0
+    np.testing.assert_array_equal(y.detach().numpy(), expected)
+    annotate.output_tensors("n", {"y": y}, export_with="jit")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False, validate=True) == {"n": True}
+    np.testing.assert_array_equal(_run_jit(bundle, "n").numpy(), expected)
