@@ -68,8 +68,8 @@ def test_round_trip_keeps_the_trace_and_exports(bundle, name):
     torch.testing.assert_close(_run_jit(bundle, "n"), expected)
 
 
-def test_conversions_give_traced_arrays_sharing_memory():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_conversions_give_traced_arrays_sharing_memory(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
     for array in (x.numpy(), np.asarray(x), np.asanyarray(x)):
         assert type(array) is TracedArray
@@ -247,8 +247,8 @@ def test_in_place_writes_are_recorded(bundle):
     np.testing.assert_array_equal(_run_onnx(bundle, "n"), expected)
 
 
-def test_in_place_ufunc_returns_its_out_array():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_in_place_ufunc_returns_its_out_array(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
     a = x.numpy() + 0
     same = a
@@ -288,8 +288,8 @@ def test_numpy_input_comes_back_traced_and_wires(bundle):
     np.testing.assert_allclose(m.numpy(), X.astype(np.float64).mean(axis=1))
 
 
-def test_plain_numpy_output_is_refused():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_plain_numpy_output_is_refused(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     annotate.input_tensors("n", {"x": torch.ones(2)})
     with pytest.raises(RuntimeError, match="non-traced tensors"):
         annotate.output_tensors("n", {"y": np.ones(2)})
@@ -313,9 +313,9 @@ def test_copy_of_a_published_array_keeps_its_port(bundle):
 # global_patching, sessions, errors
 
 
-def test_global_patching_off_keeps_arrays_plain():
+def test_global_patching_off_keeps_arrays_plain(bundle):
     original = (torch.from_numpy, torch.as_tensor, torch.tensor, np.asarray, np.array)
-    leapp.start("g", save_path=".", dry_run=True, global_patching=False)
+    leapp.start("g", save_path=bundle.root, dry_run=True, global_patching=False)
     assert (torch.from_numpy, torch.as_tensor, torch.tensor, np.asarray, np.array) == original
     x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
     for array in (x.numpy(), np.asarray(x), np.array(x)):
@@ -327,18 +327,18 @@ def test_global_patching_off_keeps_arrays_plain():
     leapp.stop()
 
 
-def test_patches_are_removed_by_stop():
+def test_patches_are_removed_by_stop(bundle):
     original = (torch.from_numpy, torch.as_tensor, torch.tensor, np.asarray, np.array,
                 np.asanyarray)
-    leapp.start("g", save_path=".", dry_run=True)
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     assert np.asarray is not original[3]
     leapp.stop()
     assert (torch.from_numpy, torch.as_tensor, torch.tensor, np.asarray, np.array,
             np.asanyarray) == original
 
 
-def test_unmappable_function_raises_a_clear_error():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_unmappable_function_raises_a_clear_error(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("policy", {"x": torch.ones(8)})
     with pytest.raises(UnmappedNumpyError) as info:
         np.fft.fft(x.numpy())
@@ -350,8 +350,8 @@ def test_unmappable_function_raises_a_clear_error():
     leapp.stop()
 
 
-def test_functions_giving_python_values_run_unrecorded():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_functions_giving_python_values_run_unrecorded(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("n", {"x": torch.ones(2, 3)})
     a = x.numpy()
     assert np.allclose(a, 1.0) is True
@@ -360,8 +360,8 @@ def test_functions_giving_python_values_run_unrecorded():
     leapp.stop()
 
 
-def test_outside_a_session_arrays_are_plain():
-    leapp.start("g", save_path=".", dry_run=True)
+def test_outside_a_session_arrays_are_plain(bundle):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
     a = x.numpy()
     annotate.output_tensors("n", {"y": torch.from_numpy(a * 2)})
@@ -397,8 +397,8 @@ def test_numpy_ufunc_on_a_traced_tensor_outside_a_session_acts_as_on_a_tensor():
 
 
 @pytest.mark.parametrize("call", ["sum_where", "max_initial"])
-def test_unsupported_keywords_are_refused_not_ignored(call):
-    leapp.start("g", save_path=".", dry_run=True)
+def test_unsupported_keywords_are_refused_not_ignored(bundle, call):
+    leapp.start("g", save_path=bundle.root, dry_run=True)
     x = annotate.input_tensors("n", {"x": torch.ones(3)})
     a = x.numpy()
     with pytest.raises(UnmappedNumpyError, match="where=|initial="):
