@@ -99,15 +99,27 @@ class Patcher:
         self.patches = patches
         # (owner, name, original, installed wrapper), in installation order
         self.saved: list[tuple[Any, str, Any, Any]] = []
+        self._installed = False
+
+    @property
+    def installed(self) -> bool:
+        """Whether the patches are in place."""
+        return self._installed
 
     def _set(self, owner: Any, name: str, wrapper: Any) -> None:
         original = getattr(owner, name)
         self.saved.append((owner, name, original, wrapper))
         setattr(owner, name, wrapper)
 
-    def install(self) -> None:
-        """Check every definition, then patch; a failure leaves nothing patched."""
-        if not self.global_patching:
+    def install(self, *, patching: Sequence[FunctionPatch] | None = None) -> None:
+        """Check every definition, then patch; a failure leaves nothing patched.
+
+        patching, when given, replaces the definitions the session started
+        with (as upstream's ``ExportManager().patcher.install(patching=...)``).
+        """
+        if patching is not None:
+            self.patches = patching
+        if not self.global_patching or self._installed:
             return
         definitions = validate(self.patches)
         try:
@@ -121,11 +133,13 @@ class Patcher:
             self.uninstall()
             raise
         _numpy._State.enabled = True
+        self._installed = True
         logger.debug("Installed %d session patches", len(self.saved))
 
     def uninstall(self) -> None:
         """Put every patched function back (those nobody replaced since)."""
         _numpy._State.enabled = False
+        self._installed = False
         while self.saved:
             owner, name, original, wrapper = self.saved.pop()
             if inspect.getattr_static(owner, name, _MISSING) is wrapper:
