@@ -22,9 +22,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from . import _alias, _core
+from . import _alias, _core, _numpy
 from ._fx import build_graph_module
 from ._logging import fatal, logger
 from ._payload import Leaf, flatten, normalize, rebuild
@@ -160,15 +161,21 @@ class SessionAPI:
     def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
         for leaf in flatten(values, fields):
+            array = leaf.value if isinstance(leaf.value, np.ndarray) else None
+            if array is not None:  # NumPy inputs are declared as the tensor they view
+                leaf = Leaf(leaf.name, _numpy.as_payload_tensor(array), leaf.semantics,
+                            leaf.path)
             if not _is_tensor(leaf.value):
                 logger.warning("Input '%s' of node '%s' is a %s, not a tensor: it will be passed "
                                "through as a constant.", leaf.name, node.name,
                                type(leaf.value).__name__)
                 continue
             if node.is_tracing:
-                replaced[leaf.path] = self._new_input(node, leaf, state)
+                traced = self._new_input(node, leaf, state)
+                replaced[leaf.path] = _numpy.wrap(traced) if array is not None else traced
             else:
-                replaced[leaf.path] = self._reenter_input(node, leaf)
+                value = self._reenter_input(node, leaf)
+                replaced[leaf.path] = _numpy._plain_array(array) if array is not None else value
         return rebuild(values, replaced)
 
     def _check_unique(self, node: Any, name: str, outputs: bool = False,
@@ -320,12 +327,16 @@ class SessionAPI:
             fatal(f"output_tensors() called for node '{node_name}' but input_tensors() was "
                   f"never called for it. Call annotate.input_tensors('{node_name}', ...) first.")
         leaves = list(flatten(values, fields))
-        static_leaves = list(flatten(*statics))
+        static_leaves = [_tensor_leaf(leaf, True) for leaf in flatten(*statics)]
         if node.is_tracing:
-            self._finish(node, leaves, static_leaves, export_with, backend_params or {})
+            self._finish(node, [_tensor_leaf(leaf, False) for leaf in leaves], static_leaves,
+                         export_with, backend_params or {})
             return rebuild(values, {})
-        self._reenter_outputs(node, leaves + static_leaves)
-        return rebuild(values, {leaf.path: plain(leaf.value) for leaf in leaves})
+        self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves]
+                              + static_leaves)
+        return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
+                                if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
+                                for leaf in leaves})
 
     def _check_outputs(self, api: str, node: Any, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
@@ -487,9 +498,10 @@ class SessionAPI:
                     _core.set_carrier(existing, node, port.vid, None, True)
                     replaced[leaf.path] = existing
                     continue
-                traced = self._new_input(node, leaf, state=True)
+                array = isinstance(leaf.value, np.ndarray)
+                traced = self._new_input(node, _tensor_leaf(leaf, True), state=True)
                 node_info.states[leaf.name] = node.inputs[-1]
-                replaced[leaf.path] = traced
+                replaced[leaf.path] = _numpy.wrap(traced) if array else traced
             return rebuild(values, replaced)
         return self._declare(node, values, fields, state=True)
 
@@ -501,6 +513,8 @@ class SessionAPI:
         node = self._existing("update_state", node_name)
         node_info = info(node)
         for name, value in values.items():
+            if isinstance(value, np.ndarray):
+                value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "
@@ -694,6 +708,15 @@ def _origin_text(origin: Any) -> str:
     return f"{origin[0]}:{origin[1]}"
 
 
+def _tensor_leaf(leaf: Leaf, arrays: bool) -> Leaf:
+    """leaf with a traced array as its shadow (and, if arrays, any array as a tensor)."""
+    value = leaf.value
+    if isinstance(value, _numpy.TracedArray) and value._shadow is not None:
+        return Leaf(leaf.name, value._shadow, leaf.semantics, leaf.path)
+    if arrays and isinstance(value, np.ndarray):
+        return Leaf(leaf.name, _numpy.as_payload_tensor(value), leaf.semantics, leaf.path)
+    return leaf
+
 def _bound_self(fn: Any) -> Any:
     """The object a bound method (possibly under functools.wraps wrappers) is bound to."""
     seen = 0
@@ -732,6 +755,8 @@ def _resolve_name(target: Callable, owner: Any, name: str) -> tuple[bool, Any]:
 
 
 def _has_tensor(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
     if _is_tensor(value):
         return True
     if isinstance(value, dict):
