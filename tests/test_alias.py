@@ -292,3 +292,26 @@ def test_two_views_of_one_buffer_declared_separately_stay_consistent(bundle):
     got = torch.jit.load(_artifact(bundle, "g"))(fresh[:2].clone(), fresh[1:].clone())
     got = got[0] if isinstance(got, (tuple, list)) else got
     torch.testing.assert_close(got, eager)
+
+
+def test_writes_through_numpy_views_reach_the_export(bundle):
+    """t.numpy() and np.asarray(t) share t's memory: writes through their views
+    (a row scaled, a column incremented) are in the exported graph."""
+    import numpy as np
+    x0 = _input()
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("n", {"x": x0.clone()})
+    row = x.numpy()[1]
+    row *= 3
+    column = np.asarray(x)[:, 0]
+    column += 1
+    r = x + 0
+    annotate.output_tensors("n", {"r": r}, export_with="jit")
+    leapp.stop()
+    eager = r.detach().clone()
+    expected = x0.clone()
+    expected[1] *= 3
+    expected[:, 0] += 1
+    torch.testing.assert_close(eager.as_subclass(torch.Tensor), expected)
+    assert leapp.compile_graph(validate=True) == {"n": True}
+    torch.testing.assert_close(torch.jit.load(_artifact(bundle, "g"))(x0.clone()), expected)
