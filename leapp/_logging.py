@@ -1,4 +1,26 @@
-"""The `leapp` logger: log.txt in the bundle, a console handler, and fatal()."""
+"""The `leapp` logger: log.txt in the bundle, the console, and fatal().
+
+Rules (docs/api.md, "Logging"):
+
+* Everything goes to ``log.txt`` of the running session at DEBUG, whatever
+  the console shows.
+* Records propagate as for any library logger.  When the application has
+  configured logging (a handler on ``leapp`` or on one of its ancestors, e.g.
+  ``logging.basicConfig``), leapp adds no output of its own: records at or
+  above the ``leapp`` logger's effective level reach the application's
+  handlers once.  When nothing is configured, leapp prints through its own
+  console handler (one at most): warnings and errors to stderr, the rest to
+  stdout, from the ``SYSTEM`` level up (or the level set on the ``leapp``
+  logger).
+* ``verbose=True`` (``leapp.start``, ``compile_graph``) lowers that threshold
+  to DEBUG in both cases.
+* Levels: DEBUG graph dumps and internals, INFO progress, SECTION (25) section
+  headers, SYSTEM (27) the export summary; both are below WARNING, so
+  ``basicConfig(level=logging.WARNING)`` hides them and ``level=INFO`` shows
+  them.
+* An error leapp raises is written to log.txt at FATAL and raised once; the
+  record never reaches a console (the exception carries the message).
+"""
 from __future__ import annotations
 
 import logging
@@ -7,15 +29,11 @@ import sys
 from typing import NoReturn
 
 SECTION = 25
-SYSTEM = 31
+SYSTEM = 27
 FATAL = logging.ERROR + 1
 logging.addLevelName(SECTION, "SECTION")
 logging.addLevelName(SYSTEM, "SYSTEM")
 logging.addLevelName(FATAL, "FATAL")
-
-logger = logging.getLogger("leapp")
-logger.setLevel(logging.DEBUG)
-logger.propagate = True
 
 _FORMAT = "[%(levelname)s]: %(message)s"
 _COLOURS = {
@@ -25,55 +43,103 @@ _COLOURS = {
     FATAL: "\033[91m",
     logging.CRITICAL: "\033[1;31m",
 }
-
-
-class _ConsoleFormatter(logging.Formatter):
-    """Colour the level and message on a terminal, plain text elsewhere."""
-
-    def __init__(self, colour: bool) -> None:
-        super().__init__(_FORMAT)
-        self._colour = colour
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        code = _COLOURS.get(record.levelno) if self._colour else None
-        return f"{code}{text}\033[0m" if code else text
+_FATAL_MARK = "leapp_fatal"  # record attribute: goes to log.txt only
 
 
 class _State:
     file_handler: logging.Handler | None = None
-    console_handler: logging.Handler | None = None
     path: str | None = None
+    verbose: bool = False
+
+
+class _ConsoleHandler(logging.Handler):
+    """leapp's own console output when the application configured none.
+
+    The stream is looked up at each record (notebooks and test runners swap
+    sys.stdout / sys.stderr): WARNING and above to stderr, the rest to stdout.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+            text = self.format(record)
+            code = _COLOURS.get(record.levelno)
+            if code and getattr(stream, "isatty", lambda: False)():
+                text = f"{code}{text}\033[0m"
+            stream.write(text + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001  (logging must never raise)
+            self.handleError(record)
+
+
+_CONSOLE = _ConsoleHandler()
+_CONSOLE.setFormatter(logging.Formatter(_FORMAT))
+
+
+class _LeappLoggerMixin:
+    """Routing of the `leapp` logger's records (see the module docstring)."""
+
+    def _console_threshold(self) -> int:
+        if _State.verbose:
+            return logging.DEBUG
+        if self.hasHandlers():           # the application's configuration decides
+            return self.getEffectiveLevel()
+        return self.level or SYSTEM      # type: ignore[attr-defined]
+
+    def isEnabledFor(self, level: int) -> bool:
+        if self.disabled or self.manager.disable >= level:  # type: ignore[attr-defined]
+            return False
+        if _State.file_handler is not None:
+            return True                  # log.txt takes everything
+        return level >= self._console_threshold()
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if self.disabled or not self.filter(record):  # type: ignore[attr-defined]
+            return
+        handler = _State.file_handler
+        if handler is not None and record.levelno >= handler.level:
+            handler.handle(record)
+        if getattr(record, _FATAL_MARK, False) or record.levelno < self._console_threshold():
+            return
+        if self.hasHandlers():           # type: ignore[attr-defined]
+            self.callHandlers(record)    # type: ignore[attr-defined]
+        else:
+            _CONSOLE.handle(record)
+
+
+def _install(log: logging.Logger) -> logging.Logger:
+    """Give the `leapp` logger the routing above, keeping its class's own behaviour."""
+    cls = type(log)
+    if not issubclass(cls, _LeappLoggerMixin):
+        log.__class__ = type(f"Leapp{cls.__name__}", (_LeappLoggerMixin, cls), {})
+    return log  # level and propagate stay the application's (NOTSET and True by default)
+
+
+logger = _install(logging.getLogger("leapp"))
 
 
 def configure(directory: str, verbose: bool) -> None:
-    """Send every record to <directory>/log.txt (truncated) and warnings to stderr."""
+    """Send every record to <directory>/log.txt (truncated); set the console verbosity."""
     close()
     path = os.path.join(directory, "log.txt")
     file_handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     file_handler.setLevel(logging.DEBUG)
     file_handler.setFormatter(logging.Formatter(_FORMAT))
-    console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(_ConsoleFormatter(sys.stderr.isatty()))
-    logger.addHandler(file_handler)
-    logger.addHandler(console)
-    _State.file_handler, _State.console_handler, _State.path = file_handler, console, path
+    _State.file_handler, _State.path = file_handler, path
     set_verbose(verbose)
 
 
 def set_verbose(verbose: bool) -> None:
-    """Console threshold: DEBUG when verbose, WARNING otherwise."""
-    if _State.console_handler is not None:
-        _State.console_handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    """Console threshold DEBUG when verbose (see the module docstring otherwise)."""
+    _State.verbose = bool(verbose)
 
 
 def close() -> None:
-    """Detach and close the handlers of the previous session."""
-    for handler in (_State.file_handler, _State.console_handler):
-        if handler is not None:
-            logger.removeHandler(handler)
-            handler.close()
-    _State.file_handler = _State.console_handler = _State.path = None
+    """Close log.txt of the previous session."""
+    handler = _State.file_handler
+    _State.file_handler = _State.path = None
+    if handler is not None:
+        handler.close()
 
 
 def log_path() -> str | None:
@@ -91,6 +157,6 @@ def system(message: str) -> None:
 
 def fatal(message: str, error_type: type[BaseException] = RuntimeError,
           cause: BaseException | None = None) -> NoReturn:
-    """Log message at FATAL level, then raise error_type(message)."""
-    logger.log(FATAL, message)
+    """Write message to log.txt at FATAL, then raise error_type(message) (printed once)."""
+    logger.log(FATAL, message, extra={_FATAL_MARK: True})
     raise error_type(message) from cause

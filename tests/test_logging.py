@@ -1,0 +1,121 @@
+"""Logging as libraries do it: one output per record, the application's levels,
+log.txt at DEBUG, errors printed once (run in subprocesses: real stderr)."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import leapp
+from leapp import annotate
+from support import ROOT
+
+SCRIPT = textwrap.dedent("""
+    import logging, sys
+    sys.path.insert(0, {root!r})
+    {configure}
+    import torch, leapp
+    from leapp import annotate
+    leapp.start("g", save_path={save!r}{start_args})
+    x, unused = annotate.input_tensors("a", {{"x": torch.ones(2), "unused": torch.ones(3)}})
+    annotate.output_tensors("a", {{"y": x * 2}}, export_with="jit")
+    leapp.stop()
+    result = leapp.compile_graph(visualize=False)
+    print("RESULT", dict(result))
+    {tail}
+""")
+
+WARNING_TEXT = "detected the following inputs are not used"
+SUMMARY_TEXT = "LEAPP export artifacts saved"
+DEBUG_TEXT = "Compiled graph module for a"
+
+
+def _run(tmp_path, configure: str = "", start_args: str = "", tail: str = ""):
+    script = SCRIPT.format(root=ROOT, save=str(tmp_path), configure=configure,
+                           start_args=start_args, tail=tail)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert "RESULT {'a': True}" in proc.stdout, proc.stderr[-3000:]
+    return proc
+
+
+def test_basic_config_info_each_warning_once_no_debug_summary_visible(tmp_path):
+    proc = _run(tmp_path, "logging.basicConfig(level=logging.INFO)")
+    assert proc.stderr.count(WARNING_TEXT) == 1
+    assert DEBUG_TEXT not in proc.stderr + proc.stdout
+    assert "DEBUG" not in proc.stderr
+    assert proc.stderr.count(SUMMARY_TEXT) == 1
+    assert "[WARNING]" not in proc.stderr  # only the application's format
+
+
+def test_basic_config_warning_hides_the_summary(tmp_path):
+    proc = _run(tmp_path, "logging.basicConfig(level=logging.WARNING)")
+    assert proc.stderr.count(WARNING_TEXT) == 1
+    assert SUMMARY_TEXT not in proc.stderr + proc.stdout
+    assert "Node context initialized" not in proc.stderr
+
+
+def test_basic_config_debug_shows_graph_dumps(tmp_path):
+    proc = _run(tmp_path, "logging.basicConfig(level=logging.DEBUG)")
+    assert DEBUG_TEXT in proc.stderr
+    assert proc.stderr.count(WARNING_TEXT) == 1
+
+
+def test_unconfigured_prints_warnings_to_stderr_and_summary_to_stdout(tmp_path):
+    proc = _run(tmp_path)
+    assert proc.stderr.count(WARNING_TEXT) == 1
+    assert SUMMARY_TEXT not in proc.stderr
+    assert proc.stdout.count(SUMMARY_TEXT) == 1
+    assert DEBUG_TEXT not in proc.stderr + proc.stdout
+    assert "Node context initialized" not in proc.stderr + proc.stdout  # INFO is quiet
+
+
+def test_unconfigured_logger_level_hides_the_summary(tmp_path):
+    proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.WARNING)")
+    assert SUMMARY_TEXT not in proc.stdout + proc.stderr
+    assert proc.stderr.count(WARNING_TEXT) == 1
+
+
+def test_verbose_shows_debug_once(tmp_path):
+    proc = _run(tmp_path, "logging.basicConfig(level=logging.WARNING)",
+                start_args=", verbose=True")
+    assert proc.stderr.count(DEBUG_TEXT) == 1
+    proc = _run(tmp_path, start_args=", verbose=True")
+    assert (proc.stdout + proc.stderr).count(DEBUG_TEXT) == 1
+
+
+def test_log_txt_gets_debug_whatever_the_console(tmp_path):
+    _run(tmp_path, "logging.basicConfig(level=logging.ERROR)")
+    log = open(os.path.join(tmp_path, "g", "log.txt")).read()
+    assert DEBUG_TEXT in log and WARNING_TEXT in log and SUMMARY_TEXT in log
+
+
+@pytest.mark.parametrize("configure", ["", "logging.basicConfig(level=logging.DEBUG)"])
+def test_errors_are_printed_once(tmp_path, configure):
+    tail = (f"leapp.start('g2', save_path={str(tmp_path)!r}); "
+            "annotate.output_tensors('ghost', {'y': torch.ones(1)})")
+    script = SCRIPT.format(root=ROOT, save=str(tmp_path), configure=configure, start_args="",
+                           tail=tail)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    message = "output_tensors() called for node 'ghost'"
+    assert proc.stderr.count(message) == 1, proc.stderr
+    assert "FATAL" not in proc.stderr
+    log = open(os.path.join(tmp_path, "g2", "log.txt")).read()
+    assert f"[FATAL]: {message}" in log
+
+
+def test_no_handler_is_added_to_the_logger(tmp_path):
+    before = list(logging.getLogger("leapp").handlers)
+    leapp.start("g", save_path=str(tmp_path))
+    x = annotate.input_tensors("a", {"x": torch.ones(2)})
+    annotate.output_tensors("a", {"y": x + 1})
+    leapp.stop()
+    assert logging.getLogger("leapp").handlers == before
+    assert logging.getLogger("leapp").propagate
