@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from leapp import _core
+from leapp import _core, _logging
 
 logger = logging.getLogger("leapp")
 
@@ -55,9 +55,8 @@ _ONNX_UNSUPPORTED_BY_NUMPY = (torch.bfloat16,)
 
 
 def _fatal(message: str, error_type: type[Exception] = ValueError) -> None:
-    """Log ``message`` on the leapp logger and raise it as ``error_type``."""
-    logger.error(message)
-    raise error_type(message)
+    """Write ``message`` to log.txt (if a session runs) and raise it, printed once."""
+    _logging.fatal(message, error_type)
 
 
 def _split_key(key: str, what: str) -> tuple[str, str]:

@@ -150,8 +150,10 @@ def test_nan_and_inf_in_exported_output(tmp_path, caplog):
     assert "  Exported has 2/6 Inf values (33.333%)" in errors
     assert not any("Source has" in m for m in _messages(caplog))
     assert not any("Mismatch detected" in m for m in errors)  # allclose is skipped
-    assert any(r.levelno == _logging.FATAL and "Model validation failed" in r.getMessage()
-               for r in caplog.records)
+    # the raised error is written to log.txt at FATAL, never also to the console
+    assert not any(r.levelno == _logging.FATAL for r in caplog.records)
+    with open(_logging.log_path(), encoding="utf-8") as handle:
+        assert "[FATAL]: Model validation failed for 1 node(s): ['own']" in handle.read()
 
 
 def test_nan_already_in_source(tmp_path, caplog):
