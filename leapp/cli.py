@@ -1,0 +1,282 @@
+"""The `leapp` command: look at, run, draw and check an exported bundle.
+
+    leapp inspect BUNDLE.yaml         nodes, ports, edges, feedback, checksums
+    leapp run BUNDLE.yaml [--steps N] mock inputs through InferenceManager
+    leapp draw BUNDLE.yaml [-o PNG]   the pipeline picture
+    leapp check BUNDLE.yaml           load every model, run one step
+
+Exit status: 0 ok, 1 a check failed (checksum, model load, a step), 2 usage
+or a bundle that cannot be read.  User errors print one line, no traceback.
+docs/cli.md describes each verb.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_DOCUMENTS = ("models", "pipeline", "system information")
+_PORT_FIELDS = ("name", "dtype", "shape", "type")
+
+
+class BundleError(Exception):
+    """The bundle cannot be read (exit status 2)."""
+
+
+class CheckFailed(Exception):
+    """The bundle was read but does not hold up (exit status 1)."""
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+def _read_bundle(path: str) -> dict:
+    """The YAML's three documents as one mapping; BundleError when it cannot be read."""
+    if not os.path.exists(path):
+        raise BundleError(f"no such file: {path}")
+    if os.path.isdir(path):
+        raise BundleError(f"{path} is a directory; give the bundle's .yaml file")
+    if not path.endswith(".yaml"):
+        raise BundleError(f"{path} is not a .yaml file; give the bundle's .yaml file")
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loaded = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise BundleError(f"cannot read {path}: {_one_line(exc)}") from exc
+    if not isinstance(loaded, dict) or not all(k in loaded for k in _DOCUMENTS):
+        raise BundleError(f"{path} is not a leapp bundle: it needs the documents "
+                          f"{', '.join(_DOCUMENTS)}")
+    if not isinstance(loaded["models"] or {}, dict) \
+            or not isinstance(loaded["pipeline"] or {}, dict):
+        raise BundleError(f"{path} is not a leapp bundle: 'models' and 'pipeline' must be "
+                          f"mappings")
+    return loaded
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checksum(yaml_dir: str, parameters: dict) -> tuple[str, bool]:
+    """(what to print, ok) for one node's model file."""
+    model_path = parameters.get("model_path")
+    if not model_path:
+        return "no model", True
+    path = os.path.join(yaml_dir, str(model_path))
+    if not os.path.isfile(path):
+        return f"{model_path}: MISSING", False
+    expected = parameters.get("sha256sum")
+    if expected is None:
+        return f"{model_path}: no sha256sum recorded", False
+    if _sha256(path) != expected:
+        return f"{model_path}: sha256 MISMATCH", False
+    return f"{model_path}: sha256 ok", True
+
+
+def _port_text(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        return repr(entry)
+    shape = entry.get("shape")
+    dims = "x".join(str(s) for s in shape) if isinstance(shape, (list, tuple)) else shape
+    extra = [f"{k}={_short(v)}" for k, v in entry.items() if k not in _PORT_FIELDS]
+    text = f"{entry.get('name')}: {entry.get('dtype')}[{dims}]"
+    return text + (f"  ({', '.join(extra)})" if extra else "")
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _flows(pipeline: dict, key: str) -> list[tuple[str, str]]:
+    pairs = []
+    for source, targets in (pipeline.get(key) or {}).items():
+        for target in targets or []:
+            pairs.append((str(source), str(target)))
+    return pairs
+
+
+def _graph_ports(pipeline: dict, key: str) -> list[str]:
+    return [f"{node}/{port}" for node, ports in (pipeline.get(key) or {}).items()
+            for port in ports or []]
+
+
+# ---- verbs --------------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
+    bundle = _read_bundle(args.bundle)
+    yaml_dir = os.path.dirname(os.path.abspath(args.bundle))
+    models, pipeline = bundle["models"] or {}, bundle["pipeline"] or {}
+    system = bundle["system information"] or {}
+    feeds: dict[str, list[str]] = {}
+    for kind in ("data_flow", "feedback_flow"):
+        for source, target in _flows(pipeline, kind):
+            feeds.setdefault(target, []).append(
+                source + (" (feedback)" if kind == "feedback_flow" else ""))
+    graph_inputs = set(_graph_ports(pipeline, "inputs"))
+    failed = []
+    graph = os.path.splitext(os.path.basename(args.bundle))[0]
+    print(f"bundle {graph}: {len(models)} node(s), leapp {system.get('leapp version')}, "
+          f"torch {system.get('torch version')}", file=out)
+    for name, model in models.items():
+        model = model or {}
+        parameters = model.get("parameters") or {}
+        checksum, ok = _checksum(yaml_dir, parameters)
+        if not ok:
+            failed.append(f"{name}: {checksum}")
+        print(f"\nnode {name}  backend={parameters.get('backend')}  {checksum}", file=out)
+        for entry in model.get("inputs") or []:
+            key = f"{name}/{entry.get('name') if isinstance(entry, dict) else entry}"
+            source = ", ".join(feeds.get(key, [])) or (
+                "graph input" if key in graph_inputs else "unconnected")
+            print(f"  in   {_port_text(entry)}  <- {source}", file=out)
+        for entry in model.get("outputs") or []:
+            print(f"  out  {_port_text(entry)}", file=out)
+    edges = _flows(pipeline, "data_flow")
+    feedback = _flows(pipeline, "feedback_flow")
+    print(f"\nedges ({len(edges)}):", file=out)
+    for source, target in edges:
+        print(f"  {source} -> {target}", file=out)
+    print(f"feedback ({len(feedback)}):", file=out)
+    for source, target in feedback:
+        print(f"  {source} -> {target}", file=out)
+    if pipeline.get("initial_values"):
+        print(f"initial values: {pipeline['initial_values']}", file=out)
+    print(f"graph inputs: {', '.join(_graph_ports(pipeline, 'inputs')) or '-'}", file=out)
+    print(f"graph outputs: {', '.join(_graph_ports(pipeline, 'outputs')) or '-'}", file=out)
+    if failed:
+        raise CheckFailed("checksums failed: " + "; ".join(failed))
+    print("checksums: ok", file=out)
+    return EXIT_OK
+
+
+def _manager(path: str) -> Any:
+    """InferenceManager for a readable bundle; its refusals are failed checks."""
+    _read_bundle(path)
+    from .inference_manager import InferenceManager
+    try:
+        return InferenceManager(path)
+    except Exception as exc:  # noqa: BLE001  (a model that does not load is the finding)
+        raise CheckFailed(f"{type(exc).__name__}: {_one_line(exc)}") from exc
+
+
+def _step(manager: Any) -> dict:
+    import torch
+    with torch.no_grad():
+        try:
+            return manager.run_policy(manager.get_mock_input())
+        except Exception as exc:  # noqa: BLE001
+            raise CheckFailed(f"a pipeline step failed: {type(exc).__name__}: "
+                              f"{_one_line(exc)}") from exc
+
+
+def cmd_run(args: argparse.Namespace, out: Any) -> int:
+    manager = _manager(args.bundle)
+    outputs: dict = {}
+    for step in range(args.steps):
+        started = time.perf_counter()
+        outputs = _step(manager)
+        print(f"step {step + 1}: {(time.perf_counter() - started) * 1e3:.3f} ms", file=out)
+    for key, value in outputs.items():
+        shape = "x".join(str(s) for s in value.shape)
+        print(f"{key}: {str(value.dtype).replace('torch.', '')}[{shape}]", file=out)
+    return EXIT_OK
+
+
+def cmd_draw(args: argparse.Namespace, out: Any) -> int:
+    bundle = _read_bundle(args.bundle)
+    graph = os.path.splitext(os.path.basename(args.bundle))[0]
+    target = args.output or os.path.splitext(args.bundle)[0] + ".png"
+    if not target.endswith(".png"):
+        raise BundleError(f"-o {target}: the picture is a PNG; give a path ending in .png")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        raise BundleError(f"-o {target}: directory {parent} does not exist")
+    from .visualization import render_pipeline
+    try:
+        render_pipeline(target, graph, bundle["models"] or {}, bundle["pipeline"] or {})
+    except RuntimeError as exc:
+        raise BundleError(_one_line(exc)) from exc
+    print(f"wrote {target}", file=out)
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, out: Any) -> int:
+    manager = _manager(args.bundle)
+    _step(manager)
+    print(f"ok: {len(manager.nodes)} node(s) loaded, checksums match, one step ran", file=out)
+    return EXIT_OK
+
+
+# ---- entry point --------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="leapp", description="Look at, run, draw and check a bundle exported by "
+        "leapp.compile_graph().",
+        epilog="exit status: 0 ok, 1 a check failed, 2 usage error or unreadable bundle")
+    verbs = parser.add_subparsers(dest="verb", metavar="{inspect,run,draw,check}")
+    verbs.required = True
+
+    def verb(name: str, text: str) -> argparse.ArgumentParser:
+        sub = verbs.add_parser(name, help=text, description=text)
+        sub.add_argument("bundle", metavar="BUNDLE.yaml", help="the bundle's YAML file")
+        return sub
+
+    verb("inspect", "Print nodes, ports (shape, dtype, kind), edges, feedback and verify the "
+         "model checksums (exit 1 on a mismatch).").set_defaults(run=cmd_inspect)
+    run = verb("run", "Run mock inputs through InferenceManager and print the time of "
+               "each step.")
+    run.add_argument("--steps", type=_positive, default=1, metavar="N",
+                     help="number of steps (default 1)")
+    run.set_defaults(run=cmd_run)
+    draw = verb("draw", "Draw the pipeline picture.")
+    draw.add_argument("-o", "--output", metavar="PNG",
+                      help="where to write it (default: BUNDLE.png beside the YAML)")
+    draw.set_defaults(run=cmd_draw)
+    verb("check", "Load every model, verify checksums and run one step with mock inputs; "
+         "exit 0 when all of it works, 1 when not.").set_defaults(run=cmd_check)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)  # exits 2 with argparse's message on a usage error
+    try:
+        return args.run(args, sys.stdout)
+    except BundleError as exc:
+        print(f"leapp {args.verb}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckFailed as exc:
+        print(f"leapp {args.verb}: FAILED: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
