@@ -18,8 +18,9 @@ Rules (docs/api.md, "Logging"):
   headers, SYSTEM (27) the export summary; both are below WARNING, so
   ``basicConfig(level=logging.WARNING)`` hides them and ``level=INFO`` shows
   them.
-* An error leapp raises is written to log.txt at FATAL and raised once; the
-  record never reaches a console (the exception carries the message).
+* FATAL records are errors leapp raises: they are written to log.txt and
+  never reach a console or the application's handlers (the exception carries
+  the message, so it prints once).
 """
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ _COLOURS = {
     FATAL: "\033[91m",
     logging.CRITICAL: "\033[1;31m",
 }
-_FATAL_MARK = "leapp_fatal"  # record attribute: goes to log.txt only
 
 
 class _State:
@@ -76,14 +76,29 @@ _CONSOLE = _ConsoleHandler()
 _CONSOLE.setFormatter(logging.Formatter(_FORMAT))
 
 
+def _own(handler: logging.Handler) -> bool:
+    """A handler leapp itself manages (log.txt, its console), wherever it is attached."""
+    return handler is _State.file_handler or handler is _CONSOLE
+
+
 class _LeappLoggerMixin:
     """Routing of the `leapp` logger's records (see the module docstring)."""
 
-    def _console_threshold(self) -> int:
+    def _application_handlers(self) -> list:
+        """The handlers a record of this logger propagates to, leapp's own left out."""
+        found, current = [], self
+        while current is not None:
+            found.extend(h for h in current.handlers if not _own(h))
+            if not current.propagate:
+                break
+            current = current.parent
+        return found
+
+    def _console_threshold(self, configured: bool) -> int:
         if _State.verbose:
             return logging.DEBUG
-        if self.hasHandlers():           # the application's configuration decides
-            return self.getEffectiveLevel()
+        if configured:                   # the application's configuration decides
+            return self.getEffectiveLevel()  # type: ignore[attr-defined]
         return self.level or SYSTEM      # type: ignore[attr-defined]
 
     def isEnabledFor(self, level: int) -> bool:
@@ -91,7 +106,9 @@ class _LeappLoggerMixin:
             return False
         if _State.file_handler is not None:
             return True                  # log.txt takes everything
-        return level >= self._console_threshold()
+        if level == FATAL:
+            return False                 # raised, not printed
+        return level >= self._console_threshold(bool(self._application_handlers()))
 
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):  # type: ignore[attr-defined]
@@ -99,12 +116,16 @@ class _LeappLoggerMixin:
         handler = _State.file_handler
         if handler is not None and record.levelno >= handler.level:
             handler.handle(record)
-        if getattr(record, _FATAL_MARK, False) or record.levelno < self._console_threshold():
+        if record.levelno == FATAL:
+            return                       # an error leapp raises: the exception shows it
+        targets = self._application_handlers()
+        if record.levelno < self._console_threshold(bool(targets)):
             return
-        if self.hasHandlers():           # type: ignore[attr-defined]
-            self.callHandlers(record)    # type: ignore[attr-defined]
-        else:
-            _CONSOLE.handle(record)
+        if not targets:
+            targets = [_CONSOLE]
+        for target in targets:           # what Logger.callHandlers does, once per handler
+            if record.levelno >= target.level:
+                target.handle(record)
 
 
 def _install(log: logging.Logger) -> logging.Logger:
@@ -125,6 +146,7 @@ def configure(directory: str, verbose: bool) -> None:
     file_handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     file_handler.setLevel(logging.DEBUG)
     file_handler.setFormatter(logging.Formatter(_FORMAT))
+    logger.addHandler(file_handler)  # routed by the logger class, never twice
     _State.file_handler, _State.path = file_handler, path
     set_verbose(verbose)
 
@@ -139,6 +161,7 @@ def close() -> None:
     handler = _State.file_handler
     _State.file_handler = _State.path = None
     if handler is not None:
+        logger.removeHandler(handler)
         handler.close()
 
 
@@ -158,5 +181,5 @@ def system(message: str) -> None:
 def fatal(message: str, error_type: type[BaseException] = RuntimeError,
           cause: BaseException | None = None) -> NoReturn:
     """Write message to log.txt at FATAL, then raise error_type(message) (printed once)."""
-    logger.log(FATAL, message, extra={_FATAL_MARK: True})
+    logger.log(FATAL, message)
     raise error_type(message) from cause
