@@ -7,6 +7,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -156,6 +157,7 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
             continue  # described and wired, never exported
         section(f"Compiling {node.name}")
         inputs = [p.value for p in node.inputs]
+        started = time.perf_counter()
         try:
             result = export_node(node.name, node_info.export_with, node_info.backend_params,
                                  node_info.graph_module.module, inputs, [p.name for p in node.inputs],
@@ -171,6 +173,7 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
         for port, name in zip(list(node.outputs), result.output_names):
             if port.name != name:
                 _rename_port(nodes, node, port, name)
+        result.seconds = time.perf_counter() - started
         exported[node.name] = result
         logger.info("Success\n")
     return exported
@@ -233,7 +236,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                   strict: bool = True, graph_configs: GraphConfigs | None = None) -> Any:
     """Export every node, write the YAML, the initial values, the PNG and validate.
 
-    Returns {node: True | False | exception} when validating, else True.
+    Returns {node: True | False | exception} when validating (a CompileResult: a
+    dict that also displays inline in notebooks), else True.
     """
     if _core.is_tracing():
         fatal("LEAPP graph interpretation is enabled. Call leapp.stop() before "
@@ -301,7 +305,10 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     if skip_export or not validate:
         return True
     from .validation import validate_models
-    return validate_models(entries, rtol=rtol, atol=atol, strict=strict)
+    from ._result import compile_result
+    return compile_result(validate_models(entries, rtol=rtol, atol=atol, strict=strict),
+                          cfg.graph_name, cfg.save_dir, models,
+                          {name: e.seconds for name, e in exported.items()}, visualize)
 
 
 def _visualize(work_dir: str, graph: str, models: dict, pipeline: dict) -> None:

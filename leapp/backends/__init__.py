@@ -47,6 +47,7 @@ class Exported:
     output_names: list[str]
     parameters: dict = field(default_factory=dict)
     dropped_inputs: list[str] = field(default_factory=list)
+    seconds: float | None = None  # export time, shown by compile_graph()'s result
 
 
 def canonical(node: str, export_with: str | None) -> str | None:
