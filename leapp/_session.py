@@ -156,7 +156,8 @@ class SessionAPI:
             fatal(f"Error: node '{node.name}' is being called from a different annotation "
                   f"origin than the first trace ({_origin_text(origin)}; first traced from "
                   f"{where}). Cannot reuse a node name from a different call site. Give the "
-                  f"node at this call site its own name.")
+                  f"node at this call site its own name."
+                  + (RERUN_HINT if _rerun_like(origin, origins) else ""))
 
     def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
@@ -187,7 +188,9 @@ class SessionAPI:
                   f"names: {existing}\nEach input/output in the same node must have a unique "
                   f"name.\nError: Duplicate name '{name}' among the "
                   f"{'outputs' if outputs else 'inputs'} of node '{node.name}'. Each "
-                  f"input/output must have a unique name: rename one of them.")
+                  f"input/output must have a unique name: rename one of them."
+                  + (OPEN_NODE_HINT if not outputs and node.is_tracing and taken is None
+                     else ""))
 
     def _new_input(self, node: Any, leaf: Leaf, state: bool) -> Any:
         self._check_unique(node, leaf.name)
@@ -699,6 +702,36 @@ def _call_site() -> tuple:
     if frame is None:
         return ("<unknown>", 0)
     return (frame.f_code.co_filename, frame.f_lineno)
+
+
+OPEN_NODE_HINT = (
+    "\nIf the node is still open from an earlier pass that raised (e.g. a notebook cell run "
+    "again after an error), call leapp.start() again to reset the session and rerun.")
+RERUN_HINT = (
+    "\nThis looks like edited code run again (e.g. a notebook cell): the node keeps the "
+    "call site of its first trace. Call leapp.start() again to reset the session and rerun.")
+
+
+def _cell_file(filename: Any) -> bool:
+    """Whether filename names code compiled from a notebook cell or a string."""
+    name = str(filename)
+    return name.startswith("<") or "ipykernel_" in name or "<ipython-input-" in name
+
+
+def _rerun_like(origin: Any, origins: set) -> bool:
+    """Whether origin differs from the first trace's only as re-executed code would."""
+    for first in origins:
+        if origin[0] == "method" and first[0] == "method":
+            new, old = origin[1], first[1]
+            if getattr(new, "co_name", None) == getattr(old, "co_name", 0) and (
+                    getattr(new, "co_filename", None) == getattr(old, "co_filename", 0)
+                    or (_cell_file(getattr(new, "co_filename", ""))
+                        and _cell_file(getattr(old, "co_filename", "")))):
+                return True
+        elif origin[0] != "method" and first[0] != "method":
+            if _cell_file(origin[0]) and _cell_file(first[0]):
+                return True
+    return False
 
 
 def _origin_text(origin: Any) -> str:

@@ -454,3 +454,14 @@ def test_upstream_wording_reentry_with_semantics(bundle):
             "'b']]} to {'name': 'x', 'dtype': 'float32', 'shape': [3], 'type': 'tensor'}.") \
         in _message(info)
     assert "shape: [2] (first pass) vs shape: [3] (now)" in _message(info)
+
+
+def test_script_errors_carry_no_notebook_hint(bundle):
+    """The re-run hints are for notebook cells; a script's second call site gets none."""
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("a", {"x": torch.ones(2)})
+    annotate.output_tensors("a", {"y": x + 1})
+    with pytest.raises(RuntimeError, match="different annotation origin") as info:
+        annotate.input_tensors("a", {"x": torch.ones(2)})
+    assert "leapp.start() again" not in str(info.value)
+    leapp.stop()

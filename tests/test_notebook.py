@@ -94,3 +94,37 @@ def test_compile_result_displays_inline_in_a_notebook(tmp_path):
     # the summary is not in the red stderr area
     streams = [o for o in outputs[1] if o.output_type == "stream"]
     assert not any(o.name == "stderr" and "export artifacts" in o.text for o in streams)
+
+
+def _error_text(outputs: list) -> str:
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert len(errors) == 1, outputs
+    return f"{errors[0].ename}: {errors[0].evalue}"
+
+
+def test_notebook_reruns_say_to_call_start_again(tmp_path):
+    failing = ("x = annotate.input_tensors('n', {{'x': torch.ones(2)}})\n"
+               "raise ValueError('user code failed inside the node')")
+    node = ("x = annotate.input_tensors('m', {{'x': torch.ones(2)}})\n"
+            "y = annotate.output_tensors('m', {{'y': x + 1}})")
+    cells = [NOTEBOOK_CELLS[0], "leapp.start('nb', save_path={save!r})",
+             failing, failing,           # retried after the exception
+             node, "# edited\n" + node,  # an edited cell run again
+             node.replace("m'", "q'") + "\n@annotate.method(node_name='k')\n"
+             "def step(x):\n    return x * 2\nstep(torch.ones(2))",
+             "@annotate.method(node_name='k')\ndef step(x):\n    return x * 3\n"
+             "step(torch.ones(2))"]  # a redefined method
+    outputs = _execute(cells, tmp_path)
+    assert "user code failed" in _error_text(outputs[2])
+    retried = _error_text(outputs[3])
+    assert retried.startswith("RuntimeError: Duplicate i/o name 'x' in node 'n'.")
+    assert retried.rstrip().endswith("call leapp.start() again to reset the session and rerun.")
+    assert not [o for o in outputs[4] if o.output_type == "error"]
+    edited = _error_text(outputs[5])
+    assert "node 'm' is being called from a different annotation origin" in edited
+    assert "Give the node at this call site its own name." in edited
+    assert edited.rstrip().endswith("Call leapp.start() again to reset the session and rerun.")
+    assert not [o for o in outputs[6] if o.output_type == "error"]
+    redefined = _error_text(outputs[7])
+    assert "node 'k' is being called from a different annotation origin" in redefined
+    assert "Call leapp.start() again" in redefined
