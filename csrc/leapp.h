@@ -68,6 +68,8 @@ typedef struct {
     PyObject *str_shape;
     PyObject *str_clone;
     PyObject *str_detach;
+    PyObject *str_derived;    /* "_leapp_derived": (node, port, func) of a result
+                               * computed outside every node from a published value */
 
     int same_layout;          /* TracedTensor and Tensor instances share a layout */
 

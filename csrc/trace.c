@@ -434,8 +434,8 @@ adopt_overwrite(leapp_state *st, PyObject *args)
 
 /* Ops on values of finished nodes: eager, keeping the port through copies. */
 static PyObject *
-trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
-               PyObject *args, PyObject *kwargs)
+run_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+             PyObject *args, PyObject *kwargs)
 {
     PyObject *result = run_eager(st, func, types, args, kwargs);
     PyObject *src = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL; /* borrowed */
@@ -489,6 +489,129 @@ trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *typ
     }
 done:
     Py_DECREF(c);
+    return result;
+}
+
+/* A new (node name, port, op name) tag: plain strings, so copies of a tagged
+ * tensor (deepcopy, pickle) hold no Node. */
+static PyObject *
+derived_tag(CarrierObject *c, PyObject *func)
+{
+    PyObject *tag = NULL, *fname = PyObject_GetAttrString(func, "__name__");
+    if (fname == NULL) {
+        PyErr_Clear();
+        fname = PyObject_Repr(func);
+        if (fname == NULL) {
+            goto done;
+        }
+    }
+    tag = PyTuple_Pack(3, ((NodeObject *)c->node)->name, c->port, fname);
+done:
+    Py_XDECREF(fname);
+    return tag;
+}
+
+/* The derived tag of a top-level argument, borrowed, or NULL (no exception). */
+static PyObject *
+derived_arg(leapp_state *st, PyObject *args)
+{
+    Py_ssize_t i, n = PyTuple_GET_SIZE(args);
+    for (i = 0; i < n; i++) {
+        PyObject *arg = PyTuple_GET_ITEM(args, i); /* borrowed */
+        PyObject **dictptr;
+        PyObject *tag;
+        if (Py_TYPE(arg) != (PyTypeObject *)st->traced_type) {
+            continue;
+        }
+        dictptr = _PyObject_GetDictPtr(arg);
+        if (dictptr == NULL || *dictptr == NULL) {
+            continue;
+        }
+        tag = PyDict_GetItemWithError(*dictptr, st->str_derived); /* borrowed */
+        if (tag != NULL) {
+            return tag;
+        }
+        if (PyErr_Occurred()) {
+            PyErr_Clear(); /* only this lookup's error: an untagged argument */
+        }
+    }
+    return NULL;
+}
+
+/* Tag the plain tensor t (made a TracedTensor without a carrier, so the ops
+ * that follow keep the tag) with tag. */
+static int
+tag_derived(leapp_state *st, PyObject *t, PyObject *tag)
+{
+    PyObject **dictptr;
+    if (Py_TYPE(t) != (PyTypeObject *)st->tensor_type) {
+        return 0;                     /* a traced value or another subclass: untouched */
+    }
+    if (carrier_promote(st, t) < 0) {
+        return -1;
+    }
+    dictptr = _PyObject_GetDictPtr(t);
+    if (dictptr == NULL) {
+        return PyObject_SetAttr(t, st->str_derived, tag);
+    }
+    if (*dictptr == NULL) {
+        *dictptr = PyDict_New();      /* the instance dict, owned by t */
+        if (*dictptr == NULL) {
+            return -1;
+        }
+    }
+    return PyDict_SetItem(*dictptr, st->str_derived, tag);
+}
+
+/* Ops outside every node while a session runs.  A tensor result computed
+ * from a published value (or from a result tagged so) is tagged "derived
+ * from port P of node N by func": an input declared from it would silently be
+ * a new graph input, and the facade says so (leapp._session). */
+static PyObject *
+trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+               PyObject *args, PyObject *kwargs)
+{
+    PyObject *result = run_inactive(st, w, kind, func, types, args, kwargs);
+    PyObject *tag = NULL;             /* strong */
+    PyObject *target = result;        /* borrowed: what gets the tag */
+    Py_ssize_t i, n;
+    if (result == NULL) {
+        goto done;
+    }
+    if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && PyTuple_GET_SIZE(args)) {
+        target = PyTuple_GET_ITEM(args, 0); /* the written receiver (x[k] = v gives None) */
+    }
+    if (Py_TYPE(target) != (PyTypeObject *)st->tensor_type && !PyTuple_Check(target)
+        && !PyList_Check(target)) {
+        goto done;                    /* sizes, item(), bools; results that kept a port */
+    }
+    if (w->first != NULL && w->first->port != NULL) {
+        tag = derived_tag(w->first, func);
+    }
+    else {
+        tag = Py_XNewRef(derived_arg(st, args));
+    }
+    if (tag == NULL) {
+        if (PyErr_Occurred()) {
+            Py_CLEAR(result);
+        }
+        goto done;
+    }
+    if (Py_TYPE(target) == (PyTypeObject *)st->tensor_type) {
+        if (tag_derived(st, target, tag) < 0) {
+            Py_CLEAR(result);
+        }
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(target);
+    for (i = 0; i < n; i++) {
+        if (tag_derived(st, PySequence_Fast_GET_ITEM(target, i), tag) < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+    }
+done:
+    Py_XDECREF(tag);
     return result;
 }
 

@@ -44,6 +44,7 @@ class SessionConfig:
     max_cached_io: int = 5
     global_patching: bool = True
     patches: list = field(default_factory=list)
+    strict: bool = False          # refuse inputs computed outside every node (docs/api.md)
 
 
 @dataclass
@@ -207,6 +208,8 @@ class SessionAPI:
                       f", ...) before its values are declared as inputs of '{node.name}'.")
             logger.warning("Input '%s' of node '%s' is already a traced value of this node; "
                            "it is declared again as a new input.", leaf.name, node.name)
+        elif carrier is None:
+            self._check_derived(node, leaf.name, value)
         elif carrier is not None:
             if carrier.port is not None:
                 src_node, src_port = carrier.node, carrier.port
@@ -234,6 +237,27 @@ class SessionAPI:
         _alias.link_declared(node, traced, [t for _, t in declared])
         node_info.declared.append((leaf.name, weakref.ref(traced)))
         return traced
+
+    def _check_derived(self, node: Any, name: str, value: Any) -> None:
+        """Warn (strict: refuse) when value was computed outside every node from an output."""
+        tag = getattr(value, "__dict__", {}).get(_DERIVED) if type(value) is TracedTensor \
+            else None
+        if not tag or not isinstance(tag, tuple) or len(tag) != 3:
+            return
+        src_node, src_port, op = tag
+        if src_node not in _nodes():
+            return  # a tag left from an earlier session
+        message = (f"Input '{name}' of node '{node.name}' was computed outside every node by "
+                   f"'{op}' from output '{src_port}' of node '{src_node}': it becomes a new "
+                   f"graph input, so the exported pipeline will not compute what ran here. "
+                   f"Do that computation inside a node (e.g. in '{src_node}' before "
+                   f"annotate.output_tensors, or in '{node.name}' after "
+                   f"annotate.input_tensors), or declare the input from the output itself.")
+        cfg = _Current.config
+        if cfg is not None and cfg.strict:
+            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
+                  RuntimeError)
+        logger.warning("%s Pass strict=True to leapp.start() to make this an error.", message)
 
     def _adopt_declared(self, node: Any, leaf: Leaf, value: torch.Tensor, name: str,
                         other: torch.Tensor) -> Any:
@@ -692,6 +716,9 @@ class SessionAPI:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Instance-dict key of the C core's "computed outside every node from a
+# published output" tag: (node name, port, op name).
+_DERIVED = "_leapp_derived"
 
 
 def _call_site() -> tuple:

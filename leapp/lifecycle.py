@@ -45,11 +45,17 @@ def _resolve_name(name: Any, save_path: str) -> tuple[str, str]:
 
 def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool = False,
           non_traced: list[str] | None = None, max_cached_io: int = 5,
-          global_patching: bool = True, patching: list | None = None) -> None:
+          global_patching: bool = True, patching: list | None = None,
+          strict: bool | None = None) -> None:
     """Start a tracing session; artifacts go to {save_path}/{name}/.
 
     Calling start() while a session runs resets the graph (with a warning).
+    strict=True (default: the LEAPP_STRICT environment variable) makes an
+    input computed outside every node from a node's output an error instead of
+    a warning.
     """
+    if strict is None:
+        strict = os.environ.get("LEAPP_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
     graph, directory = _resolve_name(name, save_path)
     if not isinstance(max_cached_io, int) or max_cached_io < 1:
         fatal(f"leapp.start(max_cached_io=...) must be an int >= 1, got {max_cached_io!r}",
@@ -69,7 +75,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     patcher = Patcher(global_patching, patching or [])
     _Current.config = SessionConfig(graph, directory, verbose, dry_run,
                                     frozenset(non_traced or ()), max_cached_io, global_patching,
-                                    [patcher])
+                                    [patcher], strict=bool(strict))
     _core.reset_nodes()
     LAST_COMPILE.clear()
     _core.set_tracing(True)
