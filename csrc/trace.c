@@ -515,52 +515,50 @@ done:
 static PyObject *
 derived_arg(leapp_state *st, PyObject *args)
 {
+    PyObject *tag = NULL;             /* borrowed from an argument's instance dict */
     Py_ssize_t i, n = PyTuple_GET_SIZE(args);
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < n && tag == NULL; i++) {
         PyObject *arg = PyTuple_GET_ITEM(args, i); /* borrowed */
-        PyObject **dictptr;
-        PyObject *tag;
-        if (Py_TYPE(arg) != (PyTypeObject *)st->traced_type) {
-            continue;
-        }
-        dictptr = _PyObject_GetDictPtr(arg);
-        if (dictptr == NULL || *dictptr == NULL) {
-            continue;
-        }
-        tag = PyDict_GetItemWithError(*dictptr, st->str_derived); /* borrowed */
-        if (tag != NULL) {
-            return tag;
-        }
-        if (PyErr_Occurred()) {
-            PyErr_Clear(); /* only this lookup's error: an untagged argument */
+        PyObject **dictptr = Py_TYPE(arg) == (PyTypeObject *)st->traced_type
+                                 ? _PyObject_GetDictPtr(arg) : NULL;
+        if (dictptr != NULL && *dictptr != NULL) {
+            tag = PyDict_GetItemWithError(*dictptr, st->str_derived);
+            if (tag == NULL && PyErr_Occurred()) {
+                PyErr_Clear(); /* only this lookup's error: an untagged argument */
+            }
         }
     }
-    return NULL;
+    return tag;
 }
 
 /* Tag the plain tensor t (made a TracedTensor without a carrier, so the ops
- * that follow keep the tag) with tag. */
+ * that follow keep the tag) with tag; other objects are left alone. */
 static int
 tag_derived(leapp_state *st, PyObject *t, PyObject *tag)
 {
     PyObject **dictptr;
+    int rc = -1;
     if (Py_TYPE(t) != (PyTypeObject *)st->tensor_type) {
-        return 0;                     /* a traced value or another subclass: untouched */
+        rc = 0;                       /* a traced value or another subclass: untouched */
+        goto done;
     }
     if (carrier_promote(st, t) < 0) {
-        return -1;
+        goto done;
     }
     dictptr = _PyObject_GetDictPtr(t);
     if (dictptr == NULL) {
-        return PyObject_SetAttr(t, st->str_derived, tag);
+        rc = PyObject_SetAttr(t, st->str_derived, tag);
+        goto done;
     }
     if (*dictptr == NULL) {
         *dictptr = PyDict_New();      /* the instance dict, owned by t */
         if (*dictptr == NULL) {
-            return -1;
+            goto done;
         }
     }
-    return PyDict_SetItem(*dictptr, st->str_derived, tag);
+    rc = PyDict_SetItem(*dictptr, st->str_derived, tag);
+done:
+    return rc;
 }
 
 /* Ops outside every node while a session runs.  A tensor result computed

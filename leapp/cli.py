@@ -208,7 +208,7 @@ def cmd_draw(args: argparse.Namespace, out: Any) -> int:
     from .visualization import render_pipeline
     try:
         render_pipeline(target, graph, bundle["models"] or {}, bundle["pipeline"] or {})
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:
         raise BundleError(_one_line(exc)) from exc
     print(f"wrote {target}", file=out)
     return EXIT_OK
@@ -276,6 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001  (a bundle shaped in a way no check foresaw)
+        if os.environ.get("LEAPP_DEBUG"):
+            raise
+        print(f"leapp {args.verb}: error: {type(exc).__name__}: {_one_line(exc)} (set "
+              f"LEAPP_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -212,3 +212,11 @@ def test_console_script_is_declared():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
         project = tomllib.load(handle)["project"]
     assert project["scripts"]["leapp"] == "leapp.cli:main"
+
+
+def test_a_malformed_model_entry_is_one_line(tmp_path):
+    odd = os.path.join(tmp_path, "odd.yaml")
+    open(odd, "w").write("models:\n  a: [1, 2]\npipeline: {}\nsystem information: {}\n")
+    proc = leapp_cli("inspect", odd)
+    assert proc.returncode == 2 and proc.stderr.startswith("leapp inspect: error:")
+    _no_traceback(proc)
