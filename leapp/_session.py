@@ -257,7 +257,10 @@ class SessionAPI:
         if cfg is not None and cfg.strict:
             fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
                   RuntimeError)
-        logger.warning("%s Pass strict=True to leapp.start() to make this an error.", message)
+        logger.warning("%s If it is meant to enter the pipeline from outside (e.g. an "
+                       "environment step), this is what happens and the warning can be "
+                       "ignored. Pass strict=True to leapp.start() to make this an error.",
+                       message)
 
     def _adopt_declared(self, node: Any, leaf: Leaf, value: torch.Tensor, name: str,
                         other: torch.Tensor) -> Any:
