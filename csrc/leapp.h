@@ -33,6 +33,7 @@ enum {
     OP_TO = 3,         /* .to(): keeps provenance when the dtype is unchanged */
     OP_OVERWRITE = 4,  /* __setitem__ / copy_: in place; a full overwrite from a
                         * published value adopts its provenance */
+    OP_VIEW = 5,       /* may return a view sharing the argument's storage */
 };
 
 typedef struct {
@@ -52,6 +53,8 @@ typedef struct {
     PyObject *rewrite;        /* (func, args, kwargs) -> (func, args, kwargs) */
     PyObject *alias;          /* tensor -> new TracedTensor sharing storage */
     PyObject *session_api;    /* facade object with the traced slow paths */
+    PyObject *alias_link;     /* (src, result) -> None: join result to src's alias group */
+    PyObject *alias_write;    /* (receiver, func) -> None: an in-place write reached aliases */
 
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */
@@ -118,6 +121,7 @@ typedef struct {
     PyObject *node;        /* Node owning the value (strong) */
     PyObject *port;        /* published output name, or NULL */
     Py_ssize_t vid;        /* value id in node->ops */
+    PyObject *group;       /* alias group (tensors sharing storage), or NULL */
     int declared;          /* entered through a declaration (an input) */
 } CarrierObject;
 

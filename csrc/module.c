@@ -4,7 +4,7 @@
 #define STATE_OBJECTS(X)                                                     \
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
-    X(classify) X(rewrite) X(alias) X(session_api)                           \
+    X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(nodes)
 
@@ -67,6 +67,26 @@ module_bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _bind_alias(link, write): the alias-provenance hooks (leapp._alias), called
+ * only for ops that may return views and for in-place writes on values that
+ * have aliases, so the common op never leaves C. */
+static PyObject *
+module_bind_alias(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *link, *write;
+    if (!PyArg_ParseTuple(args, "OO:_bind_alias", &link, &write)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(link) || !PyCallable_Check(write)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_alias() expects two callables");
+        return NULL;
+    }
+    Py_XSETREF(st->alias_link, Py_NewRef(link));
+    Py_XSETREF(st->alias_write, Py_NewRef(write));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 module_set_tracing(PyObject *module, PyObject *flag)
 {
@@ -123,6 +143,7 @@ module_next_index(PyObject *module, PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef module_methods[] = {
     {"_bind", module_bind, METH_VARARGS, "Hand the torch objects to the core."},
+    {"_bind_alias", module_bind_alias, METH_VARARGS, "Hand the alias-provenance hooks to the core."},
     {"set_tracing", module_set_tracing, METH_O, "Turn the session flag on or off."},
     {"is_tracing", module_is_tracing, METH_NOARGS, "Whether a session is running."},
     {"reset_nodes", module_reset_nodes, METH_NOARGS, "Forget every node."},

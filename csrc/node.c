@@ -87,6 +87,7 @@ carrier_traverse(CarrierObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->node);
     Py_VISIT(self->port);
+    Py_VISIT(self->group);
     return 0;
 }
 
@@ -95,6 +96,7 @@ carrier_clear(CarrierObject *self)
 {
     Py_CLEAR(self->node);
     Py_CLEAR(self->port);
+    Py_CLEAR(self->group);
     return 0;
 }
 
@@ -126,6 +128,19 @@ carrier_set_port(CarrierObject *self, PyObject *value, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+carrier_get_group(CarrierObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->group ? self->group : Py_None);
+}
+
+static int
+carrier_set_group(CarrierObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    Py_XSETREF(self->group, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
 carrier_get_active(CarrierObject *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(((NodeObject *)self->node)->state == NODE_OPEN);
@@ -134,6 +149,8 @@ carrier_get_active(CarrierObject *self, void *Py_UNUSED(closure))
 static PyGetSetDef carrier_getset[] = {
     {"port", (getter)carrier_get_port, (setter)carrier_set_port, "Published output name.", NULL},
     {"active", (getter)carrier_get_active, NULL, "Whether the owning node is still tracing.", NULL},
+    {"group", (getter)carrier_get_group, (setter)carrier_set_group,
+     "Alias group: the tensors sharing this value's storage (leapp._alias), or None.", NULL},
     {NULL},
 };
 
@@ -195,6 +212,7 @@ carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
     }
     c->node = Py_NewRef(node);
     c->port = Py_XNewRef(port);
+    c->group = NULL;
     c->vid = vid;
     c->declared = declared;
     PyObject_GC_Track(c);
@@ -283,6 +301,21 @@ py_drop_carrier(PyObject *module, PyObject *obj)
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* value_ref(vid) -> Ref: a reference to a node value, for Node.record(). */
+static PyObject *
+py_value_ref(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t vid = PyLong_AsSsize_t(arg);
+    if (vid == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (vid < 0) {
+        PyErr_SetString(PyExc_ValueError, "value_ref(): a value id is >= 0");
+        return NULL;
+    }
+    return ref_new(leapp_get_state(module), REF_VALUE, vid);
 }
 
 /* ---- dtype names --------------------------------------------------------- */
@@ -864,6 +897,40 @@ node_finish(NodeObject *self, PyObject *index)
     Py_RETURN_NONE;
 }
 
+/* record(func, args, kwargs=None) -> int: append an op whose traced
+ * arguments are value Refs (see value_ref) and return its fresh value id.
+ * The alias hooks use it to write the effect of an in-place write onto the
+ * other views of the same storage. */
+static PyObject *
+node_record(NodeObject *self, PyObject *args_in)
+{
+    PyObject *func, *args, *kwargs = Py_None, *vid = NULL, *record = NULL;
+    if (!PyArg_ParseTuple(args_in, "OO!|O:record", &func, &PyTuple_Type, &args, &kwargs)) {
+        return NULL;
+    }
+    if (kwargs != Py_None && !PyDict_Check(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "record(): kwargs must be a dict or None");
+        return NULL;
+    }
+    if (self->state != NODE_OPEN) {
+        PyErr_Format(PyExc_RuntimeError, "record(): node '%U' has finished tracing", self->name);
+        return NULL;
+    }
+    vid = PyLong_FromSsize_t(self->nvalues);
+    if (vid == NULL) {
+        return NULL;
+    }
+    record = PyTuple_Pack(4, func, args, kwargs, vid);
+    if (record == NULL || PyList_Append(self->ops, record) < 0) {
+        Py_CLEAR(vid);
+    }
+    else {
+        self->nvalues++;
+    }
+    Py_XDECREF(record);
+    return vid;
+}
+
 static PyObject *
 node_get_tracing(NodeObject *self, void *Py_UNUSED(closure))
 {
@@ -875,6 +942,7 @@ static PyMethodDef node_methods[] = {
     {"bind_const", (PyCFunction)node_bind_const, METH_VARARGS, "Value id bound to a constant."},
     {"prune", (PyCFunction)node_prune, METH_O, "Reachability from output value ids."},
     {"finish", (PyCFunction)node_finish, METH_O, "Close the node with its index."},
+    {"record", (PyCFunction)node_record, METH_VARARGS, "Append an op; its fresh value id."},
     {NULL},
 };
 
@@ -921,6 +989,7 @@ static PyMethodDef node_functions[] = {
     {"set_carrier", py_set_carrier, METH_VARARGS, "Make a tensor traced with a carrier."},
     {"drop_carrier", py_drop_carrier, METH_O, "Make a traced tensor plain again."},
     {"dtype_name", py_dtype_name, METH_O, "The YAML dtype name of a tensor."},
+    {"value_ref", py_value_ref, METH_O, "A Ref to a node value, for Node.record()."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,25 +16,42 @@ typedef struct {
     CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
 } walk;
 
+/* Upstream's message (the two node names as a sorted set), then which op
+ * mixed them and how to fix it. */
 static int
 raise_mixed(walk *w, NodeObject *other)
 {
     PyObject *fname = PyObject_GetAttrString(w->func, "__name__");
+    PyObject *lo = w->active->name, *hi = other->name; /* borrowed */
+    int order;
     if (fname == NULL) {
         PyErr_Clear();
         fname = PyObject_Repr(w->func);
         if (fname == NULL) {
-            return -1;
+            goto done;
         }
     }
+    order = PyObject_RichCompareBool(lo, hi, Py_GT);
+    if (order < 0) {
+        goto done;
+    }
+    if (order) {
+        lo = other->name;
+        hi = w->active->name;
+    }
     PyErr_Format(PyExc_RuntimeError,
-                 "Error: detected multiple TracedTensor contexts: '%U' and '%U' inside of "
-                 "a traced function ('%S'). Cannot mix multiple active TracedTensors from "
-                 "different contexts. Finish node '%U' with annotate.output_tensors() and "
-                 "declare its result with annotate.input_tensors('%U', ...) before using it "
-                 "there.",
-                 w->active->name, other->name, fname, other->name, w->active->name);
-    Py_DECREF(fname);
+                 "Error: detected multiple TracedTensor contexts: {%R, %R} inside of a traced "
+                 "function.\n\nThis happens when you mix multiple active TracedTensors from "
+                 "different contexts inside of a traced function/block. solutions:\n\n"
+                 "1. call output_tensors() to finalize one of the nodes first\n"
+                 "2. combine both nodes into a single node by calling input_tensors() with the "
+                 "same node name\n\nIn op '%S', nodes '%U' and '%U' are both tracing. Cannot "
+                 "mix multiple active TracedTensors from different contexts. Finish node '%U' "
+                 "with annotate.output_tensors() and declare its result with "
+                 "annotate.input_tensors('%U', ...) before using it there.",
+                 lo, hi, fname, w->active->name, other->name, other->name, w->active->name);
+done:
+    Py_XDECREF(fname);
     return -1;
 }
 
@@ -145,7 +162,7 @@ op_kind(leapp_state *st, PyObject *func)
     if (k == -1 && PyErr_Occurred()) {
         goto done;
     }
-    if (k < OP_PLAIN || k > OP_OVERWRITE) {
+    if (k < OP_PLAIN || k > OP_VIEW) {
         PyErr_Format(PyExc_ValueError, "classify() gave an unknown op kind %ld", k);
         k = -1;
         goto done;
@@ -239,6 +256,44 @@ run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyOb
     return PyObject_Vectorcall(st->run_disabled, call, 4, NULL);
 }
 
+/* Alias provenance: a result that may be a view of the receiver joins the
+ * receiver's alias group, and an in-place write on a value with aliases is
+ * carried onto them (leapp._alias).  Only view-like ops and writes on values
+ * that have a group leave C. */
+static int
+follow_aliases(leapp_state *st, NodeObject *node, int kind, PyObject *func,
+               PyObject *receiver, PyObject *result)
+{
+    CarrierObject *c;                 /* borrowed from receiver's dict */
+    PyObject *hook = NULL, *done = NULL;
+    if (kind == OP_PLAIN || st->alias_link == NULL) {
+        return 0;                     /* the common op: no view, no write */
+    }
+    c = carrier_of(st, receiver);
+    if (c == NULL || c->node != (PyObject *)node) {
+        return 0;
+    }
+    if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
+        if (c->group == NULL) {
+            return 0;
+        }
+        hook = st->alias_write;
+        done = PyObject_CallFunctionObjArgs(hook, receiver, func, NULL);
+    }
+    else if ((kind == OP_VIEW || kind == OP_COPY || kind == OP_TO) && result != receiver) {
+        hook = st->alias_link;
+        done = PyObject_CallFunctionObjArgs(hook, receiver, result, NULL);
+    }
+    else {
+        return 0;
+    }
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
 /* Record an op of the tracing node and bind its results. */
 static PyObject *
 trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
@@ -295,6 +350,9 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
                            ? Py_None : tkwargs;
         record = PyTuple_Pack(4, rfunc, targs, kw, out);
         if (record == NULL || PyList_Append(node->ops, record) < 0) {
+            goto error;
+        }
+        if (receiver != NULL && follow_aliases(st, node, kind, func, receiver, result) < 0) {
             goto error;
         }
     }
@@ -395,11 +453,21 @@ trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *typ
         }
     }
     c = src != NULL ? carrier_of(st, src) : NULL;
-    if (c == NULL || c != w->first || c->port == NULL) {
+    if (c == NULL || c != w->first
+        || (c->port == NULL && !((kind == OP_INPLACE || kind == OP_OVERWRITE) && c->group))) {
         return result;
     }
     Py_INCREF(c);
     if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
+        if (c->group != NULL && st->alias_write != NULL) {
+            /* The write may reach a view that a tracing node declared. */
+            PyObject *ok = PyObject_CallFunctionObjArgs(st->alias_write, src, func, NULL);
+            if (ok == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            Py_DECREF(ok);
+        }
         Py_CLEAR(c->port); /* a published value changed in place is a new value */
         goto done;
     }

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import _core, _ops
+from . import _alias  # noqa: F401  (binds the alias hooks into the core)
 from ._session import API
 from ._traced import TracedTensor, alias
 
@@ -22,16 +23,18 @@ _core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,
             _ops.classify, _ops.rewrite, alias, API)
 
 from . import annotate  # noqa: E402
+from .export_manager import ExportManager  # noqa: E402
 from ._patching import FunctionPatch  # noqa: E402
 from .lifecycle import (__config_version__, __version__, compile_graph, start,  # noqa: E402
                         stop)
 from .semantics import (GraphConfigs, InputKindEnum, OutputKindEnum,  # noqa: E402
                         TemporalAxis, TensorSemantics)
+from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
 
 __all__ = [
     "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
     "OutputKindEnum", "TemporalAxis", "GraphConfigs", "FunctionPatch", "InferenceManager",
-    "TracedTensor", "__version__", "__config_version__",
+    "TracedTensor", "ExportManager", "__version__", "__config_version__",
 ]
 
 

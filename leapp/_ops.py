@@ -16,9 +16,20 @@ import torch
 
 from . import _core
 
-OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE = 0, 1, 2, 3, 4
+OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE, OP_VIEW = 0, 1, 2, 3, 4, 5
 
 _COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
+# Functions that may return a view sharing their first argument's storage (the
+# core then checks the storage and follows in-place writes across the views).
+_VIEW_NAMES = {
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "ravel", "squeeze",
+    "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis",
+    "expand", "expand_as", "broadcast_to", "narrow", "select", "__getitem__", "unfold",
+    "diagonal", "as_strided", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
+    "hsplit", "vsplit", "dsplit", "view_as_real", "view_as_complex", "alias", "adjoint",
+    "atleast_1d", "atleast_2d", "atleast_3d", "type_as", "float", "double", "half", "int",
+    "long", "bool", "type", "__get__", "align_as", "squeeze_copy",
+}
 _INPLACE_DUNDERS = {
     "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
     "__itruediv__": "__truediv__", "__ifloordiv__": "__floordiv__", "__imod__": "__mod__",
@@ -46,6 +57,10 @@ def functional_twin(func: Any) -> Callable | None:
         return index_write
     if func is torch.Tensor.copy_:
         return copy_write
+    if func is torch.Tensor.fill_ or func is torch.fill_:
+        return filled
+    if func is torch.Tensor.zero_ or func is torch.zero_:
+        return zeroed
     if name.endswith("_") and not name.endswith("__") and name not in _METADATA_INPLACE:
         base = name[:-1]
         twin = getattr(torch.Tensor, base, None)
@@ -71,6 +86,8 @@ def classify(func: Any) -> int:
         return OP_COPY
     if name == "to":
         return OP_TO
+    if name in _VIEW_NAMES:
+        return OP_VIEW
     return OP_PLAIN
 
 
@@ -99,6 +116,10 @@ def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
         dest, src = args[0], args[1]
         return copy_write, (dest, src), {}
     twin = functional_twin(func)
+    if twin is filled:  # fill_(tensor) is a broadcast copy; fill_(number) a full_like
+        if isinstance(args[1], torch.Tensor):
+            return copy_write, (args[0], args[1]), {}
+        return filled, (args[0], float(args[1])), {}
     rest = tuple(args[1:])
     return twin, (_snapshot(args[0]),) + rest, kwargs
 
@@ -128,6 +149,21 @@ def index_write(dest: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> t
     return flat.reshape(dest.shape)
 
 
+def gather_positions(src: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The elements of src at the flat positions given (shaped like positions):
+    the value of a view whose memory a write on src covered entirely."""
+    return src.reshape(-1)[positions]
+
+
+def scatter_positions(dest: torch.Tensor, dest_pos: torch.Tensor, src: torch.Tensor,
+                      src_pos: torch.Tensor) -> torch.Tensor:
+    """dest with src's elements at src_pos written to its flat positions dest_pos:
+    the value of a view whose memory a write on src covered in part."""
+    flat = dest.reshape(-1).clone()
+    flat[dest_pos] = src.reshape(-1)[src_pos].to(dest.dtype)
+    return flat.reshape(dest.shape)
+
+
 def masked_write(dest: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """dest with value where mask is true (a functional dest[mask] = value)."""
     return torch.where(mask, value.to(dest.dtype), dest)
@@ -136,6 +172,16 @@ def masked_write(dest: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) ->
 def copy_write(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """The value dest holds after dest.copy_(src)."""
     return src.to(dest.dtype).expand(dest.shape).clone()
+
+
+def filled(dest: torch.Tensor, value: float) -> torch.Tensor:
+    """The value dest holds after dest.fill_(value) with a Python number."""
+    return torch.full_like(dest, value)
+
+
+def zeroed(dest: torch.Tensor) -> torch.Tensor:
+    """The value dest holds after dest.zero_()."""
+    return torch.zeros_like(dest)
 
 
 def reverse_dims(x: torch.Tensor) -> torch.Tensor:

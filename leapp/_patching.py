@@ -1,20 +1,49 @@
 """Session patches, installed by start() and removed by stop().
 
-global_patching keeps a trace alive through a numpy round trip: an array that
-`.numpy()` / `np.asarray()` made from a traced value comes back through
-`torch.from_numpy()` / `torch.as_tensor()` as that traced value.  User
-FunctionPatch objects send calls that see a traced value to a replacement.
+With ``global_patching=True`` (the default) a session replaces the NumPy
+conversion entry points (``torch.from_numpy``, ``torch.as_tensor``,
+``torch.tensor``, ``np.array``, ``np.asarray``, ``np.asanyarray``) so that
+NumPy work inside a node stays traced (see ``leapp._numpy``), and installs
+the user's :class:`FunctionPatch` definitions: a patched function called with
+a value of a tracing node runs the replacement instead.  With
+``global_patching=False`` nothing is patched, user definitions included, and
+they are not checked.
+
+The definitions are all checked before anything is patched; if installing
+fails half-way, what was installed is put back.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
-from . import _core
+from . import _core, _numpy
+from ._logging import logger
+
+
+@dataclass(frozen=True)
+class FunctionPatch:
+    """A traceable replacement for one module-level function.
+
+    While a session runs, ``module.function_name`` is replaced by a wrapper
+    that calls ``replacement`` with the same arguments whenever one of them
+    (at any depth of lists, tuples and dicts) is a value of a tracing node,
+    and the original function otherwise.
+    """
+
+    module: ModuleType
+    function_name: str
+    replacement: Callable[..., Any]
 
 
 def _has_active(obj: Any) -> bool:
+    """Whether obj holds a value of a node that is still tracing."""
+    if isinstance(obj, _numpy.TracedArray):
+        carrier = _core.carrier_of(obj._shadow) if obj._shadow is not None else None
+        return carrier is not None and bool(carrier.active)
     carrier = _core.carrier_of(obj)
     if carrier is not None:
         return bool(carrier.active)
@@ -25,85 +54,29 @@ def _has_active(obj: Any) -> bool:
     return False
 
 
-@dataclass
-class FunctionPatch:
-    """Replace module.name by replacement whenever a traced value is passed to it."""
-
-    module: Any
-    name: str
-    replacement: Callable[..., Any]
-
-
-class NumpyLinks:
-    """Arrays handed out by traced tensors, keyed by (address, shape, dtype)."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.carriers: dict[tuple, Any] = {}
-
-    @staticmethod
-    def key(array: Any) -> tuple | None:
-        interface = getattr(array, "__array_interface__", None)
-        if interface is None:
-            return None
-        return interface["data"][0], tuple(interface["shape"]), interface["typestr"]
-
-    def remember(self, array: Any, carrier: Any) -> None:
-        key = self.key(array)
-        if self.active and key is not None and carrier is not None:
-            self.carriers[key] = carrier
-
-    def restore(self, array: Any, tensor: Any) -> Any:
-        """tensor (made from array) as the traced value array came from."""
-        key = self.key(array)
-        carrier = self.carriers.get(key) if key is not None else None
-        if carrier is not None and tensor.data_ptr() == key[0]:
-            _core.set_carrier(tensor, carrier.node, carrier.vid, carrier.port,
-                              bool(carrier.declared))
-        return tensor
-
-
-NUMPY_LINKS = NumpyLinks()
-
-
-def _from_numpy(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def patched(array: Any, *args: Any, **kwargs: Any) -> Any:
-        return NUMPY_LINKS.restore(array, original(array, *args, **kwargs))
-    return patched
-
-
-class Patcher:
-    """Installs the session's patches and restores the originals."""
-
-    def __init__(self, global_patching: bool, patches: list[FunctionPatch]) -> None:
-        for patch in patches:
-            if not isinstance(patch, FunctionPatch):
-                raise TypeError(f"leapp.start(patching=...) expects FunctionPatch objects, got "
-                                f"{type(patch).__name__}")
-        self.global_patching = global_patching
-        self.patches = list(patches)
-        self.saved: list[tuple[Any, str, Any]] = []
-
-    def install(self) -> None:
-        if self.global_patching:
-            import torch
-            for name in ("from_numpy", "as_tensor"):
-                original = getattr(torch, name)
-                self.saved.append((torch, name, original))
-                setattr(torch, name, _from_numpy(original))
-            NUMPY_LINKS.active = True
-        for patch in self.patches:
-            original = getattr(patch.module, patch.name)
-            self.saved.append((patch.module, patch.name, original))
-            setattr(patch.module, patch.name, _dispatch(original, patch.replacement))
-
-    def uninstall(self) -> None:
-        NUMPY_LINKS.active = False
-        NUMPY_LINKS.carriers.clear()
-        while self.saved:
-            module, name, original = self.saved.pop()
-            setattr(module, name, original)
+def validate(patching: Sequence[FunctionPatch] | None) -> tuple[FunctionPatch, ...]:
+    """The definitions, checked; raises TypeError / ValueError on the first bad one."""
+    definitions = () if patching is None else tuple(patching)
+    seen: set[tuple[int, str]] = set()
+    for definition in definitions:
+        if not isinstance(definition, FunctionPatch):
+            raise TypeError("patching entries must be FunctionPatch instances")
+        module, name = definition.module, definition.function_name
+        if not isinstance(module, ModuleType):
+            raise TypeError("FunctionPatch.module must be a Python module")
+        if not isinstance(name, str) or not name:
+            raise ValueError("FunctionPatch.function_name must be a non-empty string")
+        if not hasattr(module, name):
+            raise ValueError(f"module {module.__name__!r} has no attribute {name!r}")
+        if not callable(getattr(module, name)):
+            raise TypeError(f"{module.__name__}.{name} is not callable")
+        if not callable(definition.replacement):
+            raise TypeError("FunctionPatch.replacement must be callable")
+        key = (id(module), name)
+        if key in seen:
+            raise ValueError(f"duplicate patch target {module.__name__}.{name}")
+        seen.add(key)
+    return definitions
 
 
 def _dispatch(original: Callable, replacement: Callable) -> Callable:
@@ -113,3 +86,61 @@ def _dispatch(original: Callable, replacement: Callable) -> Callable:
             return replacement(*args, **kwargs)
         return original(*args, **kwargs)
     return patched
+
+
+_MISSING = object()
+
+
+class Patcher:
+    """Installs the session's patches and restores the originals."""
+
+    def __init__(self, global_patching: bool, patches: Sequence[FunctionPatch] | None) -> None:
+        self.global_patching = bool(global_patching)
+        self.patches = patches
+        # (owner, name, original, installed wrapper), in installation order
+        self.saved: list[tuple[Any, str, Any, Any]] = []
+        self._installed = False
+
+    @property
+    def installed(self) -> bool:
+        """Whether the patches are in place."""
+        return self._installed
+
+    def _set(self, owner: Any, name: str, wrapper: Any) -> None:
+        original = getattr(owner, name)
+        self.saved.append((owner, name, original, wrapper))
+        setattr(owner, name, wrapper)
+
+    def install(self, *, patching: Sequence[FunctionPatch] | None = None) -> None:
+        """Check every definition, then patch; a failure leaves nothing patched.
+
+        patching, when given, replaces the definitions the session started
+        with (as upstream's ``ExportManager().patcher.install(patching=...)``).
+        """
+        if patching is not None:
+            self.patches = patching
+        if not self.global_patching or self._installed:
+            return
+        definitions = validate(self.patches)
+        try:
+            for owner, name, wrapper in _numpy.patches():
+                self._set(owner, name, wrapper)
+            for definition in definitions:
+                original = getattr(definition.module, definition.function_name)
+                self._set(definition.module, definition.function_name,
+                          _dispatch(original, definition.replacement))
+        except BaseException:
+            self.uninstall()
+            raise
+        _numpy._State.enabled = True
+        self._installed = True
+        logger.debug("Installed %d session patches", len(self.saved))
+
+    def uninstall(self) -> None:
+        """Put every patched function back (those nobody replaced since)."""
+        _numpy._State.enabled = False
+        self._installed = False
+        while self.saved:
+            owner, name, original, wrapper = self.saved.pop()
+            if inspect.getattr_static(owner, name, _MISSING) is wrapper:
+                setattr(owner, name, original)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from .semantics import TensorSemantics
@@ -48,7 +49,7 @@ def normalize(api: str, node: str, payload: Any) -> tuple[dict, dict[str, dict]]
         for sem in items:
             if not isinstance(sem.name, str) or not sem.name:
                 raise TypeError(f"{api}() for node '{node}': TensorSemantics needs a name")
-            if not isinstance(sem.ref, torch.Tensor):
+            if not isinstance(sem.ref, (torch.Tensor, np.ndarray)):
                 raise TypeError(
                     f"TensorSemantics '{sem.name}': 'ref' must be a traceable tensor type, got "
                     f"{type(sem.ref).__name__}")

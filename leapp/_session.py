@@ -18,12 +18,14 @@ import inspect
 import os
 import sys
 import textwrap
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from . import _core
+from . import _alias, _core, _numpy
 from ._fx import build_graph_module
 from ._logging import fatal, logger
 from ._payload import Leaf, flatten, normalize, rebuild
@@ -58,6 +60,13 @@ class NodeInfo:
     origins: set = field(default_factory=set)           # where pass 1 declared inputs
     pending: dict = field(default_factory=dict)         # re-entry sample in progress
     samples: int = 0                                    # cached re-entry samples
+    declared: list = field(default_factory=list)        # (input name, weakref to tensor)
+    input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
+
+    def declared_inputs(self) -> list:
+        """(name, tensor) of the declared inputs whose tensors are still alive."""
+        alive = [(name, ref()) for name, ref in self.declared]
+        return [(name, t) for name, t in alive if t is not None]
 
 
 class _Current:
@@ -84,11 +93,20 @@ def _describe(value: torch.Tensor) -> tuple[str, tuple]:
     return _core.dtype_name(value), tuple(int(s) for s in value.shape)
 
 
-def _shape_text(name: str, dtype: str, shape: tuple, semantics: dict | None = None) -> str:
-    """A port description for messages: name, dtype, shape and semantic fields."""
-    fields = [f"name: {name}", f"dtype: {dtype}", f"shape: {list(shape)}"]
-    fields += [f"{key}: {value}" for key, value in (semantics or {}).items()]
-    return "{" + ", ".join(fields) + "}"
+def _listed(value: Any) -> Any:
+    """Tuples as lists, recursively (descriptions print like upstream's)."""
+    if isinstance(value, (list, tuple)):
+        return [_listed(v) for v in value]
+    return value
+
+
+def _description_text(name: str, dtype: str, shape: tuple,
+                      semantics: dict | None = None) -> str:
+    """A port description for messages: the YAML entry as a dict, semantic fields last."""
+    entry: dict[str, Any] = {"name": name, "dtype": dtype, "shape": [int(s) for s in shape],
+                             "type": "tensor"}
+    entry.update({key: _listed(value) for key, value in (semantics or {}).items()})
+    return repr(entry)
 
 
 def _port_names(node: Any, outputs: bool) -> list[str]:
@@ -143,22 +161,33 @@ class SessionAPI:
     def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
         for leaf in flatten(values, fields):
+            array = leaf.value if isinstance(leaf.value, np.ndarray) else None
+            if array is not None:  # NumPy inputs are declared as the tensor they view
+                leaf = Leaf(leaf.name, _numpy.as_payload_tensor(array), leaf.semantics,
+                            leaf.path)
             if not _is_tensor(leaf.value):
                 logger.warning("Input '%s' of node '%s' is a %s, not a tensor: it will be passed "
                                "through as a constant.", leaf.name, node.name,
                                type(leaf.value).__name__)
                 continue
             if node.is_tracing:
-                replaced[leaf.path] = self._new_input(node, leaf, state)
+                traced = self._new_input(node, leaf, state)
+                replaced[leaf.path] = _numpy.wrap(traced) if array is not None else traced
             else:
-                replaced[leaf.path] = self._reenter_input(node, leaf)
+                value = self._reenter_input(node, leaf)
+                replaced[leaf.path] = _numpy._plain_array(array) if array is not None else value
         return rebuild(values, replaced)
 
     def _check_unique(self, node: Any, name: str, outputs: bool = False,
                       taken: list | None = None) -> None:
-        if name in (taken if taken is not None else _port_names(node, outputs)):
-            fatal(f"Error: Duplicate name '{name}' in node '{node.name}'. Each input/output "
-                  f"must have a unique name: rename one of them.")
+        names = taken if taken is not None else _port_names(node, outputs)
+        if name in names:
+            existing = "{" + ", ".join(repr(n) for n in dict.fromkeys(names)) + "}"
+            fatal(f"Duplicate i/o name '{name}' in node '{node.name}'. \nCurrently existing "
+                  f"names: {existing}\nEach input/output in the same node must have a unique "
+                  f"name.\nError: Duplicate name '{name}' among the "
+                  f"{'outputs' if outputs else 'inputs'} of node '{node.name}'. Each "
+                  f"input/output must have a unique name: rename one of them.")
 
     def _new_input(self, node: Any, leaf: Leaf, state: bool) -> Any:
         self._check_unique(node, leaf.name)
@@ -169,8 +198,10 @@ class SessionAPI:
             if carrier.node is not node:
                 fatal(f"Error: when creating inputs for '{node.name}', detected data "
                       f"'{leaf.name}' is an active TracedTensor from a different node "
-                      f"'{carrier.node.name}'. Mixing active contexts is not allowed: finish "
-                      f"'{carrier.node.name}' with annotate.output_tensors() first.")
+                      f"'{carrier.node.name}'. \nMixing active contexts is not allowed. Call "
+                      f"output_tensors() on the source node first.\nFinish "
+                      f"'{carrier.node.name}' with annotate.output_tensors('{carrier.node.name}'"
+                      f", ...) before its values are declared as inputs of '{node.name}'.")
             logger.warning("Input '%s' of node '%s' is already a traced value of this node; "
                            "it is declared again as a new input.", leaf.name, node.name)
         elif carrier is not None:
@@ -182,6 +213,11 @@ class SessionAPI:
                     "registered outputs; it becomes a graph input. Publish it with "
                     "annotate.output_tensors('%s', ...) to wire it.", leaf.name, node.name,
                     carrier.node.name, carrier.node.name)
+        node_info = info(node)
+        declared = node_info.declared_inputs()
+        same = _alias.twin(value, declared) if src_port is None else None
+        if same is not None:
+            return self._adopt_declared(node, leaf, value, *same)
         dtype, shape = _describe(value)
         vid = node.new_value()
         port = _core.Port(leaf.name, dtype, shape, vid, clone_plain(value), leaf.semantics)
@@ -190,6 +226,32 @@ class SessionAPI:
         node.inputs.append(port)
         traced = value if type(value) is torch.Tensor else alias(value)
         _core.set_carrier(traced, node, vid, None, True)
+        if traced is not value and carrier is not None:
+            _alias.join(value, traced)  # one memory, two nodes' values
+        _alias.link_declared(node, traced, [t for _, t in declared])
+        node_info.declared.append((leaf.name, weakref.ref(traced)))
+        return traced
+
+    def _adopt_declared(self, node: Any, leaf: Leaf, value: torch.Tensor, name: str,
+                        other: torch.Tensor) -> Any:
+        """A second declaration of one buffer (same memory, same layout): one port."""
+        port = next((p for p in list(node.inputs) + list(node.trimmed_inputs)
+                     if p.name == name), None)
+        if port is None:
+            fatal(f"State tensor '{name}' of node '{node.name}' is missing its input "
+                  f"description.")
+        logger.info("Input '%s' for node '%s' shares memory with declared input '%s'. Both "
+                    "names describe one graph value, so '%s' will be the only port in the "
+                    "exported node interface.", leaf.name, node.name, name, name)
+        if leaf.semantics is not None and port.semantics is None:
+            port.semantics = leaf.semantics
+        if leaf.name != name:
+            info(node).input_aliases[leaf.name] = name
+        if value is other:
+            return other
+        traced = value if type(value) is torch.Tensor else alias(value)
+        _core.set_carrier(traced, node, _core.carrier_of(other).vid, None, True)
+        _alias.link_declared(node, traced, [other])
         return traced
 
     def _find_port(self, node: Any, name: str, outputs: bool) -> Any:
@@ -205,15 +267,24 @@ class SessionAPI:
     def _check_same(self, node: Any, port: Any, leaf: Leaf) -> None:
         dtype, shape = _describe(leaf.value)
         semantics = leaf.semantics
-        if dtype != port.dtype or shape != tuple(port.shape) or (
-                semantics is not None and semantics != port.semantics):
-            old = _shape_text(port.name, port.dtype, port.shape, port.semantics)
-            new = _shape_text(leaf.name, dtype, shape,
-                              semantics if semantics is not None else port.semantics)
+        changed_semantics = semantics is not None and semantics != port.semantics
+        if dtype != port.dtype or shape != tuple(port.shape) or changed_semantics:
+            old = _description_text(port.name, port.dtype, port.shape, port.semantics)
+            # As upstream prints it: the new description carries the semantic
+            # fields only when those are what changed.
+            new = _description_text(port.name, dtype, shape,
+                                    semantics if changed_semantics else None)
+            first = {"dtype": port.dtype, "shape": list(port.shape), **(port.semantics or {})}
+            now = {"dtype": dtype, "shape": list(shape),
+                   **(semantics if changed_semantics else port.semantics or {})}
+            changes = "; ".join(f"{key}: {_listed(first.get(key))} (first pass) vs {key}: "
+                                f"{_listed(now.get(key))} (now)" for key in dict.fromkeys(
+                                    [*first, *now]) if first.get(key) != now.get(key))
             fatal(f"Validation error when reentering node '{node.name}': Error: Reentering "
                   f"{node.name} with new i/o {leaf.name} \nbut the description has changed "
                   f"from {old} to {new}.\nThis can happen if some dynamic "
-                  f"behavior is not captured by the annotations")
+                  f"behavior is not captured by the annotations\nWhat changed: {changes}. "
+                  f"Every pass must give '{leaf.name}' the structure of the first one.")
 
     def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:
         cfg = _Current.config
@@ -221,6 +292,11 @@ class SessionAPI:
             info(node).pending[id(port)] = (port, clone_plain(value))
 
     def _reenter_input(self, node: Any, leaf: Leaf) -> Any:
+        surviving = info(node).input_aliases.get(leaf.name)
+        if surviving is not None:  # a second name of one declared buffer
+            port = self._find_port(node, surviving, outputs=False)
+            self._check_same(node, port, Leaf(surviving, leaf.value, leaf.semantics, leaf.path))
+            return plain(leaf.value)
         port = self._find_port(node, leaf.name, outputs=False)
         self._check_same(node, port, leaf)
         carrier = _core.carrier_of(leaf.value)
@@ -251,12 +327,16 @@ class SessionAPI:
             fatal(f"output_tensors() called for node '{node_name}' but input_tensors() was "
                   f"never called for it. Call annotate.input_tensors('{node_name}', ...) first.")
         leaves = list(flatten(values, fields))
-        static_leaves = list(flatten(*statics))
+        static_leaves = [_tensor_leaf(leaf, True) for leaf in flatten(*statics)]
         if node.is_tracing:
-            self._finish(node, leaves, static_leaves, export_with, backend_params or {})
+            self._finish(node, [_tensor_leaf(leaf, False) for leaf in leaves], static_leaves,
+                         export_with, backend_params or {})
             return rebuild(values, {})
-        self._reenter_outputs(node, leaves, static_leaves)
-        return rebuild(values, {leaf.path: plain(leaf.value) for leaf in leaves})
+        self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves],
+                              static_leaves)
+        return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
+                                if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
+                                for leaf in leaves})
 
     def _check_outputs(self, api: str, node: Any, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
@@ -268,13 +348,18 @@ class SessionAPI:
                   f"(use static_outputs= for constants);\n"
                   f"  2. the trace was broken, e.g. by a numpy round-trip or .item();\n"
                   f"  3. the value returned by annotate.input_tensors() was not used.")
-        foreign = [f"{leaf.name} (node '{_core.carrier_of(leaf.value).node.name}')"
-                   for leaf in leaves if _core.carrier_of(leaf.value).node is not node
+        foreign = [leaf for leaf in leaves if _core.carrier_of(leaf.value).node is not node
                    or not _core.carrier_of(leaf.value).active]
         if foreign:
+            owners = {_core.carrier_of(leaf.value).node.name for leaf in leaves}
+            owners_text = "{" + ", ".join(repr(n) for n in sorted(owners)) + "}"
+            which = [f"{leaf.name} (node '{_core.carrier_of(leaf.value).node.name}')"
+                     for leaf in foreign]
             fatal(f"{api}() for node '{node.name}' received tensors that belong to a different "
-                  f"node: {foreign}. Declare them with annotate.input_tensors('{node.name}', "
-                  f"...) to use them here.")
+                  f"node: {owners_text}.\n Make sure you are passing tensors derived from "
+                  f"annotate.input_tensors('{node.name}', ...) to annotate.{api}"
+                  f"('{node.name}', ...).\nThe tensors from elsewhere: {which}. Declare them "
+                  f"with annotate.input_tensors('{node.name}', ...) to use them here.")
 
     def _finish(self, node: Any, leaves: list[Leaf], static_leaves: list[Leaf],
                 export_with: str | None, backend_params: dict) -> None:
@@ -286,15 +371,21 @@ class SessionAPI:
             from .backends import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        _alias.check_outputs(node, node_info.declared_inputs(),
+                             [(leaf.name, leaf.value) for leaf in leaves])
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
-                fatal(f"Cannot create static output from traced tensor '{leaf.name}' of node "
-                      f"'{node.name}'. Static outputs must be raw tensors; return traced "
-                      f"values through the tensors argument instead.")
+                fatal(f"Error: static output '{leaf.name}' is a traced TracedTensor. Static "
+                      f"outputs should be constant tensors, not traced computations.\nCannot "
+                      f"create static output from traced tensor '{leaf.name}' of node "
+                      f"'{node.name}': return traced values through the tensors argument "
+                      f"instead.")
             if not _is_tensor(leaf.value):
                 fatal(f"Error: static output '{leaf.name}' has type "
-                      f"{type(leaf.value).__name__} but expected a raw tracable data type "
-                      f"(torch.Tensor).", TypeError)
+                      f"{type(leaf.value).__name__} but expected a raw tracable data type.\n"
+                      f"**Static outputs must be raw tensors, not derived from input tensors.**"
+                      f"\nIf this value depends on inputs, use it as a regular output tensor "
+                      f"instead. (A static output is a torch.Tensor.)", TypeError)
         names = [leaf.name for leaf in leaves + static_leaves]
         for index, name in enumerate(names):
             if name in names[:index]:
@@ -462,9 +553,10 @@ class SessionAPI:
                     _core.set_carrier(existing, node, port.vid, None, True)
                     replaced[leaf.path] = existing
                     continue
-                traced = self._new_input(node, leaf, state=True)
+                array = isinstance(leaf.value, np.ndarray)
+                traced = self._new_input(node, _tensor_leaf(leaf, True), state=True)
                 node_info.states[leaf.name] = node.inputs[-1]
-                replaced[leaf.path] = traced
+                replaced[leaf.path] = _numpy.wrap(traced) if array else traced
             return rebuild(values, replaced)
         return self._declare(node, values, fields, state=True)
 
@@ -476,6 +568,8 @@ class SessionAPI:
         node = self._existing("update_state", node_name)
         node_info = info(node)
         for name, value in values.items():
+            if isinstance(value, np.ndarray):
+                value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "
@@ -558,20 +652,31 @@ class SessionAPI:
         options = method.options
         node_name = options.get("node_name") or getattr(fn, "__name__", "method")
         target = inspect.unwrap(fn)
-        signature = inspect.signature(target)
+        # The signature of fn itself: it follows __wrapped__ (torch.no_grad() and
+        # other functools.wraps decorators) and leaves out a bound method's self,
+        # also when the method's function is the wrapped one.
+        signature = inspect.signature(fn)
         bound = signature.bind(*args, **kwargs)
         params = list(signature.parameters.values())
         skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
         if node_name not in _nodes():  # defaults may be registered before any input
             self._new_node(node_name)
+        node = _nodes()[node_name]
+        first_pass = bool(node.is_tracing)
+        if first_pass and (options.get("environment_constants") or options.get("register_buffers")):
+            owner = bound.args[0] if skip_first else _bound_self(fn)
+            self._closed_over(node_name, target, owner, options)
         origin = ("method", getattr(target, "__code__", target))
         call_args: list = []
         call_kwargs: dict = {}
         for index, param in enumerate(params):
             if param.name not in bound.arguments:
-                if _is_tensor(param.default):  # an unpassed tensor default: a constant
+                if _is_tensor(param.default):
+                    # An unpassed tensor default is a constant of the node.  A fresh
+                    # alias per parameter: one default object may serve several
+                    # parameters, and the caller's default itself is never tagged.
                     call_kwargs[param.name] = self.register_buffer(
-                        node_name, {param.name: param.default})
+                        node_name, {param.name: alias(param.default)})
                 continue
             value = bound.arguments[param.name]
             if index == 0 and skip_first:
@@ -604,7 +709,33 @@ class SessionAPI:
         self.output_tensors(node_name, dict(zip(names, values)),
                             export_with=options.get("export_with"),
                             backend_params=options.get("backend_params") or {})
+        if first_pass and options.get("environment_constants") and not node.is_tracing:
+            # Freeze the named constants now: the node's graph (and the copies
+            # of the closed-over tensors it holds) is built from today's values.
+            _ = info(node).graph_module.module
         return result
+
+    def _closed_over(self, node_name: str, target: Callable, owner: Any,
+                     options: dict) -> None:
+        """First trace: resolve environment_constants and register register_buffers."""
+        for name in options.get("environment_constants") or ():
+            found, _ = _resolve_name(target, owner, name)
+            if found:
+                logger.info("Environment constant '%s' of node '%s' is frozen into the node as "
+                            "a constant.", name, node_name)
+            else:
+                logger.warning("environment_constants of node '%s': '%s' does not name an "
+                               "object the function can reach (closure, globals, self); "
+                               "closed-over values it reads are constants of the node anyway.",
+                               node_name, name)
+        for name in options.get("register_buffers") or ():
+            found, value = _resolve_name(target, owner, name)
+            if not found or not _is_tensor(value):
+                what = "does not name an object the function can reach" if not found \
+                    else f"is a {type(value).__name__}, not a tensor"
+                fatal(f"register_buffers of node '{node_name}': '{name}' {what}. List the "
+                      f"closed-over tensors the function writes in place.", ValueError)
+            self.register_buffer(node_name, {name.replace(".", "_"): value})
 
     def _method_input(self, node_name: str, name: str, value: Any, origin: Any) -> Any:
         if _has_tensor(value):
@@ -632,7 +763,55 @@ def _origin_text(origin: Any) -> str:
     return f"{origin[0]}:{origin[1]}"
 
 
+def _tensor_leaf(leaf: Leaf, arrays: bool) -> Leaf:
+    """leaf with a traced array as its shadow (and, if arrays, any array as a tensor)."""
+    value = leaf.value
+    if isinstance(value, _numpy.TracedArray) and value._shadow is not None:
+        return Leaf(leaf.name, value._shadow, leaf.semantics, leaf.path)
+    if arrays and isinstance(value, np.ndarray):
+        return Leaf(leaf.name, _numpy.as_payload_tensor(value), leaf.semantics, leaf.path)
+    return leaf
+
+def _bound_self(fn: Any) -> Any:
+    """The object a bound method (possibly under functools.wraps wrappers) is bound to."""
+    seen = 0
+    while fn is not None and seen < 100:
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and not inspect.ismodule(owner):
+            return owner
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def _resolve_name(target: Callable, owner: Any, name: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted name seen from target: self/cls, closure, globals."""
+    head, *rest = name.split(".")
+    if head in ("self", "cls") and owner is not None:
+        value = owner
+    else:
+        try:
+            scopes = inspect.getclosurevars(target)
+        except TypeError:
+            return False, None
+        globals_ = getattr(target, "__globals__", {})
+        for scope in (scopes.nonlocals, scopes.globals, globals_, scopes.builtins):
+            if head in scope:
+                value = scope[head]
+                break
+        else:
+            return False, None
+    for attr in rest:
+        try:
+            value = getattr(value, attr)
+        except AttributeError:
+            return False, None
+    return True, value
+
+
 def _has_tensor(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
     if _is_tensor(value):
         return True
     if isinstance(value, dict):

@@ -21,20 +21,20 @@ class TracedTensor(torch.Tensor):
         return plain(self).__reduce_ex__(protocol)
 
     def numpy(self, *, force: bool = False):
-        """The values as an ndarray; torch.from_numpy() of it keeps the trace."""
-        array = plain(self).numpy(force=force)
-        _patching().NUMPY_LINKS.remember(array, _core.carrier_of(self))
-        return array
+        """The values as an ndarray; inside a tracing session a traced array."""
+        from ._numpy import to_numpy
+        return to_numpy(self, force=force)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """np.tanh(t) and friends: recorded while the node traces, else as for a tensor."""
+        from ._numpy import tensor_ufunc
+        return tensor_ufunc(ufunc, method, inputs, kwargs)
 
     def __array__(self, dtype=None, copy=None):
-        array = plain(self).__array__(dtype) if dtype is not None else plain(self).__array__()
-        _patching().NUMPY_LINKS.remember(array, _core.carrier_of(self))
-        return array
-
-
-def _patching():
-    from . import _patching as module
-    return module
+        array = plain(self).detach().numpy()
+        if dtype is not None and array.dtype != dtype:
+            return array.astype(dtype)
+        return array.copy() if copy else array
 
 
 def plain(t: Any) -> Any:

@@ -1,5 +1,6 @@
 # Type hints for leapp.annotate, whose functions are implemented in C.
-from typing import Any, Callable, Mapping, Sequence, TypeVar, overload
+import contextlib
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, overload
 
 import torch
 
@@ -23,4 +24,10 @@ def mirror_leapp_tags(source: Any, target: Any) -> Any: ...
 def method(fn: _F) -> _F: ...
 @overload
 def method(*, node_name: str | None = ..., export_with: str | None = ...,
-           backend_params: dict | None = ...) -> Callable[[_F], _F]: ...
+           backend_params: dict | None = ...,
+           environment_constants: Iterable[str] | str | None = ...,
+           register_buffers: Iterable[str] | str | None = ...,
+           inputs: Iterable[str] | None = ..., outputs: Iterable[str] | None = ...,
+           **unknown: Any) -> Callable[[_F], _F]: ...
+def warp_op(node_name: str, inputs: list[str] | None = ..., outputs: list[str] | None = ...,
+            **params: Any) -> contextlib.AbstractContextManager: ...

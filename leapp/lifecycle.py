@@ -19,6 +19,11 @@ from .semantics import GraphConfigs
 __version__ = "0.7.2"
 __config_version__ = "1.3"
 
+# The last compile_graph() of the session, for leapp.ExportManager: its YAML
+# "models" and "pipeline" documents, and (only when it did not validate) the
+# validation entries holding the exported models.
+LAST_COMPILE: dict = {}
+
 
 def _resolve_name(name: Any, save_path: str) -> tuple[str, str]:
     """(graph name, bundle directory) from a name that may be a path."""
@@ -65,6 +70,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
                                     frozenset(non_traced or ()), max_cached_io, global_patching,
                                     [patcher])
     _core.reset_nodes()
+    LAST_COMPILE.clear()
     _core.set_tracing(True)
     try:
         patcher.install()
@@ -287,11 +293,14 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     _log_artifacts(cfg, nodes, exported)
+    entries = [(n.name, exported[n.name].model if n.name in exported else None,
+                [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]
+    LAST_COMPILE.clear()
+    LAST_COMPILE.update(models=models, pipeline=_flow_pipeline(pipeline),
+                        entries=None if skip_export or validate else entries)
     if skip_export or not validate:
         return True
     from .validation import validate_models
-    entries = [(n.name, exported[n.name].model if n.name in exported else None,
-                [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]
     return validate_models(entries, rtol=rtol, atol=atol, strict=strict)
 
 

@@ -299,3 +299,157 @@ def test_a_refused_output_tensors_leaves_the_node_open_for_a_retry(bundle):
     annotate.output_tensors("n", {"y": y}, export_with="jit")  # the retry works
     leapp.stop()
     assert leapp.compile_graph(visualize=False) == {"n": True}
+
+
+# ---- upstream 0.7.2's wording is kept, our guidance follows ------------------------
+# Each expected string is upstream's message for the same misuse, verbatim.
+
+
+def _message(excinfo) -> str:
+    return str(excinfo.value)
+
+
+def test_upstream_wording_active_input_of_another_node(bundle):
+    leapp.start("g", save_path=bundle.root)
+    a = annotate.input_tensors("A", {"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.input_tensors("B", {"y": a * 2})
+    assert ("Error: when creating inputs for 'B', detected data 'y' is an active TracedTensor "
+            "from a different node 'A'. \nMixing active contexts is not allowed. Call "
+            "output_tensors() on the source node first.") in _message(info)
+
+
+def test_upstream_wording_two_tracing_nodes_in_one_op(bundle):
+    leapp.start("g", save_path=bundle.root)
+    a = annotate.input_tensors("A", {"x": torch.ones(2)})
+    b = annotate.input_tensors("B", {"y": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        a + b
+    text = _message(info)
+    # upstream prints the two names as a set (in hash order); ours is sorted
+    assert "Error: detected multiple TracedTensor contexts: {'A', 'B'} inside of a traced " \
+           "function.\n" in text
+    assert ("\nThis happens when you mix multiple active TracedTensors from different contexts "
+            "inside of a traced function/block. solutions:\n\n1. call output_tensors() to "
+            "finalize one of the nodes first\n2. combine both nodes into a single node by "
+            "calling input_tensors() with the same node name") in text
+
+
+def test_upstream_wording_outputs_of_another_node(bundle):
+    leapp.start("g", save_path=bundle.root)
+    a = annotate.input_tensors("A", {"x": torch.ones(2)})
+    annotate.input_tensors("B", {"y": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.output_tensors("B", {"o": a * 2})
+    assert ("output_tensors() for node 'B' received tensors that belong to a different node: "
+            "{'A'}.\n Make sure you are passing tensors derived from "
+            "annotate.input_tensors('B', ...) to annotate.output_tensors('B', ...).") \
+        in _message(info)
+
+
+def test_upstream_wording_duplicate_input_name(bundle):
+    leapp.start("g", save_path=bundle.root)
+    annotate.input_tensors("A", {"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.input_tensors("A", {"x": torch.ones(2)})
+    assert ("Duplicate i/o name 'x' in node 'A'. \nCurrently existing names: {'x'}\nEach "
+            "input/output in the same node must have a unique name.") in _message(info)
+
+
+def test_upstream_wording_duplicate_output_name(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("A", {"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.output_tensors("A", {"y": x * 2}, static_outputs={"y": torch.ones(2)})
+    assert ("Duplicate i/o name 'y' in node 'A'. \nCurrently existing names: {'y'}\nEach "
+            "input/output in the same node must have a unique name.") in _message(info)
+
+
+def test_upstream_wording_traced_static_output(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("A", {"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.output_tensors("A", {"y": x * 2}, static_outputs={"s": x * 3})
+    assert ("Error: static output 's' is a traced TracedTensor. Static outputs should be "
+            "constant tensors, not traced computations.") in _message(info)
+
+
+def test_upstream_wording_non_tensor_static_output(bundle):
+    leapp.start("g", save_path=bundle.root)
+    x = annotate.input_tensors("A", {"x": torch.ones(2)})
+    with pytest.raises(TypeError) as info:
+        annotate.output_tensors("A", {"y": x * 2}, static_outputs={"s": 3.0})
+    assert ("Error: static output 's' has type float but expected a raw tracable data type.\n"
+            "**Static outputs must be raw tensors, not derived from input tensors.**\nIf this "
+            "value depends on inputs, use it as a regular output tensor instead.") \
+        in _message(info)
+
+
+def _declare_a(payload):
+    """Node A's inputs, from one call site (a node re-enters only from where it began)."""
+    return annotate.input_tensors("A", payload)
+
+
+def _first_pass(bundle, payload=None):
+    leapp.start("g", save_path=bundle.root)
+    x = _declare_a(payload or {"x": torch.ones(2)})
+    annotate.output_tensors("A", {"y": x * 2})
+
+
+@pytest.mark.parametrize("name", ["z", "q"])
+def test_upstream_wording_reentry_with_a_new_input_name(bundle, name):
+    _first_pass(bundle)
+    with pytest.raises(RuntimeError) as info:
+        _declare_a({name: torch.ones(2)})
+    assert (f"Error: Reentering A with new i/o {name} but failed to find it in the current i/o "
+            f"list.\navailable i/o names: ['x']") in _message(info)
+
+
+def test_upstream_wording_reentry_with_a_new_output_name(bundle):
+    _first_pass(bundle)
+    x = _declare_a({"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.output_tensors("A", {"w": x * 2})
+    assert ("Error: Reentering A with new i/o w but failed to find it in the current i/o "
+            "list.\navailable i/o names: ['y']") in _message(info)
+
+
+@pytest.mark.parametrize("value, old, new", [
+    (torch.ones(3), "'dtype': 'float32', 'shape': [2]", "'dtype': 'float32', 'shape': [3]"),
+    (torch.ones(2, dtype=torch.float64), "'dtype': 'float32', 'shape': [2]",
+     "'dtype': 'float64', 'shape': [2]"),
+])
+def test_upstream_wording_reentry_with_a_changed_input(bundle, value, old, new):
+    _first_pass(bundle)
+    with pytest.raises(RuntimeError) as info:
+        _declare_a({"x": value})
+    assert (f"Error: Reentering A with new i/o x \nbut the description has changed from "
+            f"{{'name': 'x', {old}, 'type': 'tensor'}} to {{'name': 'x', {new}, 'type': "
+            f"'tensor'}}.\nThis can happen if some dynamic behavior is not captured by the "
+            f"annotations") in _message(info)
+
+
+def test_upstream_wording_reentry_with_a_changed_output_shape(bundle):
+    _first_pass(bundle)
+    x = _declare_a({"x": torch.ones(2)})
+    with pytest.raises(RuntimeError) as info:
+        annotate.output_tensors("A", {"y": x[:1]})
+    assert ("Error: Reentering A with new i/o y \nbut the description has changed from "
+            "{'name': 'y', 'dtype': 'float32', 'shape': [2], 'type': 'tensor'} to {'name': "
+            "'y', 'dtype': 'float32', 'shape': [1], 'type': 'tensor'}.\nThis can happen if "
+            "some dynamic behavior is not captured by the annotations") in _message(info)
+
+
+def test_upstream_wording_reentry_with_semantics(bundle):
+    def payload(n):
+        return [leapp.TensorSemantics("x", torch.ones(n), kind=leapp.InputKindEnum.JOINT_POSITION,
+                                      element_names=["a", "b"])]
+
+    _first_pass(bundle, payload(2))
+    with pytest.raises(RuntimeError) as info:
+        _declare_a(payload(3))
+    assert ("but the description has changed from {'name': 'x', 'dtype': 'float32', 'shape': "
+            "[2], 'type': 'tensor', 'kind': 'state/joint/position', 'element_names': [['a', "
+            "'b']]} to {'name': 'x', 'dtype': 'float32', 'shape': [3], 'type': 'tensor'}.") \
+        in _message(info)
+    assert "shape: [2] (first pass) vs shape: [3] (now)" in _message(info)
