@@ -100,7 +100,7 @@ def check_regular_file(path: str, what: str) -> os.stat_result:
     except FileNotFoundError:
         fail(f"{what} not found at {quote(path)}", FileNotFoundError)
     except OSError as exc:
-        fail(f"{what} at {quote(path)} cannot be read: {quote(str(exc))}")
+        fail(f"{what} at {quote(path)} cannot be read: {clip(str(exc))}")
     if not stat.S_ISREG(info.st_mode):
         fail(f"{what} at {quote(path)} is not a regular file (devices, FIFOs, sockets and "
              "directories are never read from a bundle)")
@@ -118,7 +118,7 @@ def open_regular(path: str, what: str) -> int:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        fail(f"{what} at {quote(path)} cannot be opened: {quote(str(exc))}")
+        fail(f"{what} at {quote(path)} cannot be opened: {clip(str(exc))}")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         fail(f"{what} at {quote(path)} is not a regular file")
@@ -190,7 +190,7 @@ def load_yaml(path: str) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail(f"Leapp description file {quote(path)} is not UTF-8 text: {quote(str(exc))}")
+        fail(f"Leapp description file {quote(path)} is not UTF-8 text: {clip(str(exc))}")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         depth = 0
@@ -210,12 +210,12 @@ def load_yaml(path: str) -> Any:
         return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         fail(f"Leapp description file {quote(path)} is not valid YAML: "
-             f"{quote(str(exc), 400)}")
+             f"{clip(str(exc), 400)}")
     except (ValueError, OverflowError, RecursionError) as exc:
         if isinstance(exc, BundleError):
             raise
         fail(f"Leapp description file {quote(path)} holds a value that cannot be read: "
-             f"{type(exc).__name__}: {quote(str(exc))}")
+             f"{type(exc).__name__}: {clip(str(exc))}")
 
 
 # ---- shapes ---------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def _read_json(archive: zipfile.ZipFile, name: str, where: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
-        fail(f"{where}: archive entry {quote(name)} is not valid JSON: {quote(str(exc))}")
+        fail(f"{where}: archive entry {quote(name)} is not valid JSON: {clip(str(exc))}")
 
 
 def _read_payloads(archive: zipfile.ZipFile, prefix: str, directory: str, config_name: str,
@@ -400,7 +400,7 @@ def _read_payloads(archive: zipfile.ZipFile, prefix: str, directory: str, config
             requires_grad = bool(tensor_meta.get("requires_grad", False))
         except (TypeError, KeyError, ValueError) as exc:
             fail(f"{where}: tensor description of {quote(fqn)} in {quote(config_entry)} is "
-                 f"malformed ({type(exc).__name__}: {quote(str(exc))})")
+                 f"malformed ({type(exc).__name__}: {clip(str(exc))})")
         if not all(type(v) is int and v >= 0 for v in [*sizes, *strides, offset]):
             fail(f"{where}: tensor {quote(fqn)} has invalid sizes/strides/offset "
                  f"{quote((sizes, strides, offset))}")
@@ -428,7 +428,7 @@ def _read_payloads(archive: zipfile.ZipFile, prefix: str, directory: str, config
         try:
             tensor = torch.as_strided(flat[meta["path_name"]], sizes, strides, offset)
         except RuntimeError as exc:
-            fail(f"{where}: tensor {quote(fqn)} does not fit its storage: {quote(str(exc))}")
+            fail(f"{where}: tensor {quote(fqn)} does not fit its storage: {clip(str(exc))}")
         if meta.get("is_param"):
             tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad)
         tensors[fqn] = tensor
@@ -449,17 +449,17 @@ def load_pt2(path: str) -> Any:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        fail(f"{where} is not a readable zip archive: {quote(str(exc))}")
+        fail(f"{where} is not a readable zip archive: {clip(str(exc))}")
     try:
         with archive:
             program, state_dict, constants, model_entry = _read_archive(archive, size, where)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-        fail(f"{where} is corrupt: {type(exc).__name__}: {quote(str(exc))}")
+        fail(f"{where} is corrupt: {type(exc).__name__}: {clip(str(exc))}")
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, program)
     except Exception as exc:
         fail(f"{where}: {quote(model_entry)} is not a serialized ExportedProgram: "
-             f"{type(exc).__name__}: {quote(str(exc))}")
+             f"{type(exc).__name__}: {clip(str(exc))}")
     # The sample inputs (a pickle) are never read: None means "no example inputs".
     return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
 
@@ -503,3 +503,43 @@ def _read_archive(archive: zipfile.ZipFile, size: int, where: str
                                names.CONSTANTS_CONFIG_FILENAME_FORMAT.format(model)
                                [len(names.CONSTANTS_DIR):], True, size, where)
     return program, state_dict, constants, model_entry
+
+
+# ---- ONNX external data ---------------------------------------------------------------
+
+
+def check_onnx_external_data(path: str, bundle_dir: str, allow_external: bool = False) -> None:
+    """Refuse ONNX external-data files that leave the bundle or are not regular files.
+
+    onnxruntime already refuses ``..`` and absolute locations; this also follows
+    symlinks and refuses FIFOs and devices, before onnxruntime opens anything.
+    Models without external data (no ``location`` key in the file) are not parsed.
+    """
+    with os.fdopen(open_regular(path, "ONNX model"), "rb") as handle:
+        if b"location" not in handle.read():
+            return
+    try:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors
+    except ImportError:  # onnxruntime's own path checks still apply
+        return
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:
+        fail(f"ONNX model {quote(path)} cannot be parsed: {type(exc).__name__}: "
+             f"{clip(str(exc))}")
+    base = os.path.dirname(os.path.realpath(path))
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+        what = f"external data file of ONNX tensor {quote(tensor.name)}"
+        if not location or os.path.isabs(location):
+            fail(f"The {what} has location {quote(location)}: expected a relative path")
+        real = os.path.realpath(os.path.join(base, location))
+        root = os.path.realpath(bundle_dir)
+        if not allow_external and not _is_inside(real, root):
+            fail(f"The {what} {quote(location)} resolves to {quote(real)}, outside the "
+                 f"bundle directory {quote(root)} (pass allow_external_paths=True to "
+                 "InferenceManager to load files outside the bundle)")
+        check_regular_file(real, what[0].upper() + what[1:])

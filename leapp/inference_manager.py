@@ -28,8 +28,8 @@ from typing import Any, Callable
 import torch
 
 from leapp import _core
-from leapp._safe_load import (BundleError, bundle_file, clip, load_pt2, load_yaml,
-                              open_regular, parse_shape, quote)
+from leapp._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
+                              load_pt2, load_yaml, open_regular, parse_shape, quote)
 
 logger = logging.getLogger("leapp")
 
@@ -294,6 +294,8 @@ class InferenceNode:
                 self._resolve_path(None, yaml_dir, allow_external_paths)
             _fatal(f"Unsupported backend: {clip(backend)}")
         self.backend: str = backend
+        self._bundle_dir = yaml_dir
+        self._allow_external_paths = allow_external_paths
         self.model_path = self._resolve_path(params["model_path"], yaml_dir,
                                              allow_external_paths)
         self._verify(params["sha256sum"])
@@ -322,11 +324,11 @@ class InferenceNode:
     def _load(self) -> tuple[Any, Callable[..., Any], str]:
         try:
             return self._load_model()
-        except BundleError:
-            raise
+        except BundleError as exc:  # the safe loaders' own refusals (already logged)
+            raise BundleError(f"Node {quote(self.name)}: {exc}") from exc
         except Exception as exc:  # a corrupt or hostile file: one clear message
             _fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
-                   f"{quote(self.model_path)}: {type(exc).__name__}: {quote(str(exc), 400)}",
+                   f"{quote(self.model_path)}: {type(exc).__name__}: {clip(str(exc), 400)}",
                    BundleError)
             raise AssertionError("unreachable") from exc
 
@@ -341,6 +343,8 @@ class InferenceNode:
             # The compiled method skips nn.Module.__call__: no hooks on a loaded module.
             return model, model.forward, device
         if backend == "onnx":
+            check_onnx_external_data(self.model_path, self._bundle_dir,
+                                     self._allow_external_paths)
             runner = _OnnxRunner(self.model_path, self.input_names, self.output_descriptions)
             return runner, runner, runner.device
         if backend == "pt2":
@@ -692,7 +696,7 @@ class InferenceManager:
             tensors = load_safetensors(data)
         except Exception as exc:  # safetensors' own errors: truncated, bad header, dtype
             _fatal(f"Feedback initial values file {quote(path)} is not a valid safetensors "
-                   f"file: {type(exc).__name__}: {quote(str(exc))}", BundleError)
+                   f"file: {type(exc).__name__}: {clip(str(exc))}", BundleError)
         for key, tensor in tensors.items():
             node, name = _split_key(key, "feedback initial value")
             slot = self._slot_of.get((node, name))

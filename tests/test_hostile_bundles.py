@@ -801,3 +801,47 @@ def test_byom_style_pt2_weights_round_trip(tmp_path):
     torch.export.save(torch.export.export(model, (torch.randn(2, 3),)), path)
     x = torch.randn(2, 3)
     torch.testing.assert_close(load_pt2(path).module()(x), model(x), rtol=0, atol=0)
+
+
+# ---- ONNX external data --------------------------------------------------------------
+
+
+def _externalize(bundle: Bundle, location: str) -> str:
+    """Move policy.onnx's initializers to an external file named location (relative)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, convert_model_to_external_data
+    path = bundle.model_file("policy")
+    model = onnx.load(path)
+    convert_model_to_external_data(model, all_tensors_to_one_file=True,
+                                   location="policy.onnx.data", size_threshold=0,
+                                   convert_attribute=True)
+    onnx.save_model(model, path)
+    assert os.path.exists(bundle.path("policy.onnx.data"))
+    model = onnx.load(path, load_external_data=False)
+    for tensor in _get_all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, path)
+    bundle.rehash("policy")
+    return bundle.path("policy.onnx.data")
+
+
+def test_onnx_external_data_inside_bundle_loads(bundle):
+    _externalize(bundle, "policy.onnx.data")
+    bundle.load()
+
+
+def test_onnx_external_data_symlink_leaving_bundle_refused(bundle):
+    data = _externalize(bundle, "weights.bin")
+    outside = os.path.join(os.path.dirname(os.path.dirname(bundle.dir)), "weights.bin")
+    os.replace(data, outside)
+    os.symlink(outside, bundle.path("weights.bin"))
+    refused(bundle, r"external data file of ONNX tensor .* resolves to .*, outside the bundle")
+
+
+def test_onnx_external_data_fifo_refused(bundle):
+    data = _externalize(bundle, "weights.bin")
+    os.remove(data)
+    os.mkfifo(bundle.path("weights.bin"))
+    refused(bundle, r"External data file of ONNX tensor .* is not a regular file")
