@@ -328,7 +328,8 @@ class InferenceNode:
             raise BundleError(f"Node {quote(self.name)}: {exc}") from exc
         except Exception as exc:  # a corrupt or hostile file: one clear message
             _fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
-                   f"{quote(self.model_path)}: {type(exc).__name__}: {clip(str(exc), 400)}",
+                   f"{quote(self.model_path)}: {type(exc).__name__}: "
+                   f"{clip(' '.join(str(exc).split()), 400)}",
                    BundleError)
             raise AssertionError("unreachable") from exc
 
