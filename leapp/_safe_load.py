@@ -257,11 +257,11 @@ _EXPR_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([A-Za-z_][A-Za-z0-9_]*)|(\*\*|
                          r"|[-+*/%(),<>=])|('[a-z]+\d+'|\"[a-z]+\d+\"))")
 _EXPR_NAMES = frozenset({
     "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt",
-    "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv",
+    "FloorToInt", "CeilDiv", "LShift", "RShift", "FloatTrueDiv",
     "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
     "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "Max", "Min", "Abs", "oo",
     "Integer", "Rational", "floor", "ceiling", "sqrt", "Eq", "Ne", "Lt", "Le", "Gt", "Ge",
-    "And", "Or", "Not", "True", "False", "Symbol", "Add", "Mul", "Pow", "Float",
+    "And", "Or", "Not", "True", "False", "Symbol", "Add", "Mul", "Float",
     "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Equality", "Unequality",
     # assumption keywords of Symbol(...)
     "positive", "negative", "nonnegative", "nonpositive", "nonzero", "zero", "integer",
@@ -277,6 +277,8 @@ def _check_sym_expr(text: Any, where: str) -> None:
     if not isinstance(text, str) or len(text) > 4096:
         fail(f"{where}: symbolic expression {quote(text)} is not a short string")
     pos = 0
+    powers = 0
+    expect_small_exponent = previous_was_exponent = False
     while pos < len(text):
         match = _EXPR_TOKEN.match(text, pos)
         if match is None or match.end() == pos:
@@ -284,7 +286,24 @@ def _check_sym_expr(text: Any, where: str) -> None:
                 break
             fail(f"{where}: symbolic expression {quote(text)} is not plain arithmetic over "
                  "shape symbols; refused (torch would evaluate it as Python)")
-        name = match.group(2)
+        number, name, operator = match.group(1), match.group(2), match.group(3)
+        # no huge numbers and no towers of powers: sympy would compute them exactly
+        if number is not None and len(number) > 19:
+            fail(f"{where}: symbolic expression {quote(text)} holds a number longer than 19 "
+                 "digits; refused")
+        if expect_small_exponent and not (number is not None and "." not in number
+                                          and int(number) <= 64):
+            fail(f"{where}: symbolic expression {quote(text)} raises to a power other than "
+                 "a literal int <= 64; refused")
+        if operator == "**" and previous_was_exponent:
+            fail(f"{where}: symbolic expression {quote(text)} stacks powers (a**b**c); "
+                 "refused")
+        previous_was_exponent = expect_small_exponent
+        expect_small_exponent = operator == "**"
+        powers += operator == "**"
+        if powers > 2:
+            fail(f"{where}: symbolic expression {quote(text)} has more than two powers; "
+                 "refused")
         if name is not None and name not in _EXPR_NAMES and not _SYMBOL.fullmatch(name):
             fail(f"{where}: symbolic expression {quote(text)} names {quote(name)}, which is "
                  "not a shape symbol or a known sympy function; refused (torch would "

@@ -855,3 +855,59 @@ def test_onnx_external_data_fifo_refused(bundle):
     os.remove(data)
     os.mkfifo(bundle.path("weights.bin"))
     refused(bundle, r"External data file of ONNX tensor .* is not a regular file")
+
+
+# ---- what torch would evaluate: guards and symbolic expressions ----------------------
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("s0**2 + 3*s1", True),
+    ("Symbol('s77', positive=True, integer=True)", True),
+    ("FloorDiv(s0, 2) + Max(s1, 4)", True),
+    ("(9**64)**64", True),
+    ("9**9**9", False),              # a power tower sympy would compute exactly
+    ("Pow(9, 99999999)", False),
+    ("1" + "0" * 30, False),
+    ("s0.__class__", False),
+    ("__import__('os')", False),
+    ("lambda: 0", False),
+])
+def test_symbolic_expression_check(text, ok):
+    from leapp._safe_load import BundleError, _check_sym_expr
+    if ok:
+        _check_sym_expr(text, "t")
+    else:
+        with pytest.raises(BundleError, match="symbolic expression"):
+            _check_sym_expr(text, "t")
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("L['x'].size()[0] == 3", True),
+    ("2 <= L['x'].size()[0] and L['x'].size()[0] <= 64", True),
+    ("L['x'].__class__", False),
+    ("L['x'].size()[0] == open('f')", False),
+    ("L['a\"); import os; (\"'].size()[0] == 1", False),
+])
+def test_guard_check(text, ok):
+    from leapp._safe_load import BundleError, _check_guard
+    if ok:
+        _check_guard(text, "t")
+    else:
+        with pytest.raises(BundleError, match="guard"):
+            _check_guard(text, "t")
+
+
+def test_dynamic_shape_pt2_loads(tmp_path):
+    """A pt2 exported with a dynamic dim (symbols, range constraints) still loads."""
+    from leapp._safe_load import load_pt2
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, :2] * x.shape[0] + x.sum(1, keepdim=True)
+
+    batch = torch.export.Dim("batch", min=2, max=64)
+    path = str(tmp_path / "dyn.pt2")
+    torch.export.save(torch.export.export(Model(), (torch.randn(4, 3),),
+                                          dynamic_shapes={"x": {0: batch}}), path)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(load_pt2(path).module()(x), Model()(x))
