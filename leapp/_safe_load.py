@@ -62,7 +62,7 @@ def quote(value: Any, limit: int = MAX_QUOTE) -> str:
 
     The rendering itself is bounded (nested containers and long strings are
     abbreviated before formatting), so quoting a huge or deeply nested value
-    costs little.  Longer results end with ``...``.
+    costs little.  What is left out is marked with ``...``.
     """
     try:
         text = _REPR.repr(value)

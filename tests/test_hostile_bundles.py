@@ -43,10 +43,8 @@ GRAPH = "hostile"
 # ---- the reference bundle -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
-    """A compiled bundle: pre (jit) -> policy (onnx, state h) -> post (pt2)."""
-    root = str(tmp_path_factory.mktemp("reference"))
+def _compile(root: str, policy_backend: str) -> str:
+    """Compile pre (jit) -> policy (policy_backend, state h) -> post (pt2) into root."""
     leapp.start(name=GRAPH, save_path=root)
     x = annotate.input_tensors("pre", {"x": torch.randn(1, 4)})
     y = x * 2.0 + 1.0
@@ -56,7 +54,7 @@ def reference(tmp_path_factory) -> str:
     h_new = torch.tanh(obs + 0.5 * h)
     annotate.update_state("policy", {"h": h_new})
     a = h_new * 2.0
-    annotate.output_tensors("policy", {"a": a}, export_with="onnx-torchscript")
+    annotate.output_tensors("policy", {"a": a}, export_with=policy_backend)
     z = annotate.input_tensors("post", {"a": a})
     annotate.output_tensors("post", {"out": z - 1.0}, export_with="pt2")
     leapp.stop()
@@ -64,6 +62,22 @@ def reference(tmp_path_factory) -> str:
     from leapp import _core
     _core.reset_nodes()
     return os.path.join(root, GRAPH)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """The bundle most tests tamper with: every node TorchScript or torch.export.
+
+    Its policy is TorchScript, so that onnxruntime sessions (each with its own
+    thread pool) are only started by the tests about ONNX (``onnx_bundle``).
+    """
+    return _compile(str(tmp_path_factory.mktemp("reference")), "jit")
+
+
+@pytest.fixture(scope="module")
+def onnx_reference(tmp_path_factory) -> str:
+    """The same graph with its policy in ONNX (state ports h_in / h_out)."""
+    return _compile(str(tmp_path_factory.mktemp("onnx_reference")), "onnx-torchscript")
 
 
 class Bundle:
@@ -107,6 +121,26 @@ def bundle(reference, tmp_path) -> Bundle:
     target = str(tmp_path / "bundle" / GRAPH)
     shutil.copytree(reference, target)
     return Bundle(target)
+
+
+@pytest.fixture
+def onnx_bundle(onnx_reference, tmp_path) -> Bundle:
+    target = str(tmp_path / "onnx_bundle" / GRAPH)
+    shutil.copytree(onnx_reference, target)
+    return Bundle(target)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _give_memory_back():
+    """Hand freed heap back to the OS after this module (it loads ~150 bundles)."""
+    yield
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @pytest.fixture(autouse=True)
@@ -435,7 +469,7 @@ def hang_verdicts(reference, tmp_path_factory) -> dict[str, str]:
                 handle.write("# " + "x" * (MAX_YAML_BYTES + 10) + "\n")
         elif case == "initial values bigger than the inputs":
             from safetensors.torch import save_file
-            save_file({"policy/h_in": torch.zeros(5_000_000)}, _initial(bundle))
+            save_file({"policy/h": torch.zeros(5_000_000)}, _initial(bundle))
         else:
             path = str(root / str(i) / "graph.yaml")
             os.mkfifo(path)
@@ -580,7 +614,8 @@ def _node_of(backend: str) -> str:
 
 @pytest.mark.parametrize("backend", ["jit", "onnx", "pt2"])
 @pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "flipped"])
-def test_corrupted_model_files_refused(bundle, backend, damage):
+def test_corrupted_model_files_refused(request, backend, damage):
+    bundle = request.getfixturevalue("onnx_bundle" if backend == "onnx" else "bundle")
     node = _node_of(backend)
     path = bundle.model_file(node)
     data = open(path, "rb").read()
@@ -686,7 +721,7 @@ def test_unknown_dtype_refused(bundle, dtype):
     (lambda p: p["data_flow"].update({"pre/y": ["ghost/a"]}), r"Target node 'ghost' not found"),
     (lambda p: p["data_flow"].update({"pre/y": ["post/nope"]}),
      r"Target input 'nope' not found in node 'post'"),
-    (lambda p: p["feedback_flow"].update({"ghost/h_out": ["policy/h_in"]}),
+    (lambda p: p["feedback_flow"].update({"ghost/h": ["policy/h"]}),
      r"Source node 'ghost' not found"),
     (lambda p: p["inputs"].update({"ghost": ["x"]}),
      r"Pipeline input 'ghost/x' does not match any node input"),
@@ -763,8 +798,8 @@ def _delete(path: list) -> Callable[[dict], None]:
      r"Section 'pipeline data_flow' must be a mapping, got \['pre/y'\]"),
     (_set(["pipeline", "data_flow", "pre/y"], "post/a"),
      r"pipeline data_flow entry 'pre/y' must be a list of names, got 'post/a'"),
-    (_set(["pipeline", "feedback_flow", "policy/h_out"], [None]),
-     r"pipeline feedback_flow entry 'policy/h_out' must be a list of names, got \[None\]"),
+    (_set(["pipeline", "feedback_flow", "policy/h"], [None]),
+     r"pipeline feedback_flow entry 'policy/h' must be a list of names, got \[None\]"),
     (_set(["pipeline", "inputs"], 3), r"Section 'pipeline inputs' must be a mapping, got 3"),
     (_set(["pipeline", "outputs", "post"], [1]),
      r"pipeline outputs entry 'post' must be a list of names, got \[1\]"),
@@ -837,12 +872,14 @@ def _externalize(bundle: Bundle, location: str) -> str:
     return bundle.path("policy.onnx.data")
 
 
-def test_onnx_external_data_inside_bundle_loads(bundle):
+def test_onnx_external_data_inside_bundle_loads(onnx_bundle):
+    bundle = onnx_bundle
     _externalize(bundle, "policy.onnx.data")
     bundle.load()
 
 
-def test_onnx_external_data_symlink_leaving_bundle_refused(bundle):
+def test_onnx_external_data_symlink_leaving_bundle_refused(onnx_bundle):
+    bundle = onnx_bundle
     data = _externalize(bundle, "weights.bin")
     outside = os.path.join(os.path.dirname(os.path.dirname(bundle.dir)), "weights.bin")
     os.replace(data, outside)
@@ -850,7 +887,8 @@ def test_onnx_external_data_symlink_leaving_bundle_refused(bundle):
     refused(bundle, r"external data file of ONNX tensor .* resolves to .*, outside the bundle")
 
 
-def test_onnx_external_data_fifo_refused(bundle):
+def test_onnx_external_data_fifo_refused(onnx_bundle):
+    bundle = onnx_bundle
     data = _externalize(bundle, "weights.bin")
     os.remove(data)
     os.mkfifo(bundle.path("weights.bin"))
