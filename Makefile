@@ -47,6 +47,19 @@ test-asan: setup
 		tests/test_ops_jit.py; status=$$?; \
 	$(PY) setup.py -q build_ext --inplace --force; exit $$status
 
+# A manylinux wheel in dist/ with libyaml bundled (auditwheel repair vendors it
+# into leapp.libs/ and points the extension at it), and its end-to-end check:
+# built, repaired, installed into a fresh venv, examples/getting_started.py run.
+wheel: setup
+	rm -rf build/wheel-raw
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+		-w build/wheel-raw .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist \
+		build/wheel-raw/leapp-*.whl
+
+test-wheel: setup
+	LEAPP_TEST_WHEEL=1 $(PY) -m pytest -q -p no:warnings tests/test_wheel.py
+
 bench: build
 	$(PY) bench/run.py $(if $(UPSTREAM),--upstream $(UPSTREAM),)
 
