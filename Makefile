@@ -72,4 +72,4 @@ upstream-venv: setup
 	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import compat; compat.setup_venv()"
 
 clean:
-	rm -rf build leapp/*.so
+	rm -rf build dist leapp/*.so *.egg-info
