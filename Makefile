@@ -4,8 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.leapp-setup
+# The C core is compiled again only when csrc/ or setup.py changed since it was.
+CORE_STAMP := build/.leapp-core
+CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
+# Development and CI builds treat C warnings as errors; users' pip builds do not.
+export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build demo test test-asan bench compat upstream-venv clean
+.PHONY: setup build demo test test-asan test-wheel wheel bench compat upstream-venv clean
 
 setup: $(STAMP)
 
@@ -16,10 +21,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt setuptools wheel torch==2.13.0
 	$(PIP) install -c constraints.txt --no-build-isolation -e '.[test]'
-	@touch $(STAMP)
+	@mkdir -p build && touch $(STAMP) $(CORE_STAMP)
 
-build: setup
+build: setup $(CORE_STAMP)
+
+$(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
+	@mkdir -p build && touch $@
 
 demo: build
 	$(PY) examples/getting_started.py
@@ -39,6 +47,19 @@ test-asan: setup
 		tests/test_ops_jit.py; status=$$?; \
 	$(PY) setup.py -q build_ext --inplace --force; exit $$status
 
+# A manylinux wheel in dist/ with libyaml bundled (auditwheel repair vendors it
+# into leapp.libs/ and points the extension at it), and its end-to-end check:
+# built, repaired, installed into a fresh venv, examples/getting_started.py run.
+wheel: setup
+	rm -rf build/wheel-raw
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+		-w build/wheel-raw .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist \
+		build/wheel-raw/leapp-*.whl
+
+test-wheel: setup
+	LEAPP_TEST_WHEEL=1 $(PY) -m pytest -q -p no:warnings tests/test_wheel.py
+
 bench: build
 	$(PY) bench/run.py $(if $(UPSTREAM),--upstream $(UPSTREAM),)
 
@@ -51,4 +72,4 @@ upstream-venv: setup
 	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import compat; compat.setup_venv()"
 
 clean:
-	rm -rf build leapp/*.so
+	rm -rf build dist leapp/*.so *.egg-info

@@ -97,14 +97,21 @@ def setup_venv(base_python=sys.executable):
     return py
 
 
-def clean_env():
+def clean_env(ours=False):
+    """The environment of a child interpreter.
+
+    Upstream's side imports its installed leapp; ours imports this checkout's
+    (an editable install may point at another checkout, e.g. from a git
+    worktree), so the package under test is the one beside this script."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # each interpreter imports its own leapp
+    env.pop("PYTHONPATH", None)
+    if ours:
+        env["PYTHONPATH"] = ROOT
     env.setdefault("PYTHONHASHSEED", "0")
     return env
 
 
-def describe(python):
+def describe(python, ours=False):
     code = ("import json, os, leapp, torch; from importlib import metadata\n"
             "try: v = metadata.version('leapp')\n"
             "except Exception: v = getattr(leapp, '__version__', '?')\n"
@@ -112,7 +119,7 @@ def describe(python):
             " 'torch': torch.__version__}))")
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                             env=clean_env(), cwd=tempfile.gettempdir(), timeout=300)
+                             env=clean_env(ours), cwd=tempfile.gettempdir(), timeout=300)
         return json.loads(out.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001
         return {"error": str(exc)}
@@ -133,7 +140,7 @@ def export_both(name, sides, workdir, timeout=900):
         log = open(os.path.join(workdir, "%s.%s.log" % (name, side)), "w")
         procs[side] = (subprocess.Popen([python, script, out], stdout=log,
                                         stderr=subprocess.STDOUT, cwd=out,
-                                        env=clean_env()),
+                                        env=clean_env(side == "ours")),
                        log, time.perf_counter(), out)
     results = {}
     for side, (proc, log, t0, out) in procs.items():
@@ -318,12 +325,12 @@ def make_inputs(yaml_path, path, steps=STEPS, seed=1234):
     save_file(tensors, path)
 
 
-def run_inference(python, bundles, inputs_path, out_path, timeout=600):
+def run_inference(python, bundles, inputs_path, out_path, timeout=600, ours=False):
     """Run compat_im.py; returns ({label: info}, error text)."""
     cmd = [python, os.path.join(HERE, "compat_im.py"), inputs_path, out_path]
     cmd += ["%s=%s" % (label, y) for label, y in bundles.items()]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(),
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(ours),
                               cwd=os.path.dirname(out_path), timeout=timeout)
     except subprocess.TimeoutExpired:
         return {}, "timed out"
@@ -445,7 +452,7 @@ def check_pipeline(name, ours, upstream, workdir):
     runs, tensors, errors = {}, {}, []
     for side in ("upstream", "ours"):
         out = os.path.join(work, "outputs-%s-im.safetensors" % side)
-        res, err = run_inference(sides[side], bundles, inputs, out)
+        res, err = run_inference(sides[side], bundles, inputs, out, ours=side == "ours")
         if err:
             errors.append("%s InferenceManager: %s" % (side, err))
             continue
@@ -506,7 +513,7 @@ def main():
             return 2
 
     for side, py in (("ours", ours), ("upstream", upstream)):
-        d = describe(py)
+        d = describe(py, ours=side == "ours")
         print("%-8s %s  (leapp %s from %s, torch %s)" % (
             side, py, d.get("leapp", "?"), d.get("path", d.get("error", "?")),
             d.get("torch", "?")), flush=True)

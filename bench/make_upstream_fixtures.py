@@ -2,7 +2,7 @@
 
 Run with the upstream environment:
 
-    /work/upstream-venv/bin/python bench/make_upstream_fixtures.py [OUT_DIR]
+    .compat-venv/bin/python bench/make_upstream_fixtures.py [OUT_DIR]   # make upstream-venv
 
 OUT_DIR defaults to tests/data/upstream.  For each bundle it writes the
 exported directory and ``<bundle>_expected.safetensors`` holding, for steps

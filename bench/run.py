@@ -7,8 +7,8 @@
 Each workload (bench/w*_*.py) runs in its own subprocess, first with our
 interpreter (--ours, sys.executable by default) and then, when --upstream is
 given, with upstream leapp's interpreter.  The table shows, per figure, our
-median, upstream's median, the ratio ours/upstream, the budget from
-DESIGN.md and whether it holds.  Budgets come from each workload's JSON line
+median, upstream's median, the ratio ours/upstream, the budget and
+whether it holds.  Budgets come from each workload's JSON line
 ("budgets"; see bench/_common.py), with the defaults below for workloads that
 declare none.
 

@@ -4,7 +4,7 @@ Plain script on the public API only, so it runs against this package and
 against upstream leapp alike:
 
     python bench/w5_inference.py            # this package
-    /work/upstream-venv/bin/python bench/w5_inference.py   # upstream 0.7.2
+    .compat-venv/bin/python bench/w5_inference.py   # upstream 0.7.2 (make upstream-venv)
 
 It writes two bundles by hand into a temporary directory (TorchScript
 models + YAML in the exported layout, no tracing involved):

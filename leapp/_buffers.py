@@ -53,6 +53,15 @@ class BufferTracker:
             owner._buffers[attr] = entry.traced
             self.tracked.append(entry)
 
+    def reassigned(self) -> dict[str, Any]:
+        """{state name: current value} of the buffers reassigned so far (no side effects)."""
+        found = {}
+        for entry in self.tracked:
+            current = entry.owner._buffers.get(entry.attr)
+            if current is not entry.traced and current is not None:
+                found[entry.name] = current
+        return found
+
     def collect(self, api: Any, node: Any) -> None:
         """Reassigned buffers become state updates, untouched ones constants."""
         from ._session import info

@@ -362,8 +362,8 @@ class SessionAPI:
             self._finish(node, [_tensor_leaf(leaf, False) for leaf in leaves], static_leaves,
                          export_with, backend_params or {})
             return rebuild(values, {})
-        self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves]
-                              + static_leaves)
+        self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves],
+                              static_leaves)
         return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
                                 if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
                                 for leaf in leaves})
@@ -420,14 +420,27 @@ class SessionAPI:
         for index, name in enumerate(names):
             if name in names[:index]:
                 self._check_unique(node, name, outputs=True, taken=names[:index])
+        self._check_static_over_state(node, static_leaves)
         for tracker in node_info.trackers:
             tracker.collect(self, node)
+        # Output order: regular outputs, then updated states (in declaration
+        # order), then static outputs.  A state named like a regular output
+        # takes that output's place; a static output named like a state takes
+        # the state's place (its value is what the state port then carries).
+        outputs: dict[str, Any] = {}
         for leaf in leaves:
-            node.outputs.append(self._output_port(leaf, _core.carrier_of(leaf.value).vid))
+            outputs[leaf.name] = self._output_port(leaf, _core.carrier_of(leaf.value).vid)
+        shadowed = self._merge_states(node, outputs)
         for leaf in static_leaves:
             vid = node.bind_const(clone_plain(leaf.value))
-            node.outputs.append(self._output_port(leaf, vid))
-        self._merge_states(node)
+            previous = outputs.get(leaf.name)
+            if previous is None:
+                outputs[leaf.name] = self._output_port(leaf, vid)
+                continue
+            logger.warning("Static output '%s' of node '%s' has the name of an updated state: "
+                           "the state port carries the static value.", leaf.name, node.name)
+            previous.vid, previous.value = vid, clone_plain(leaf.value)
+        node.outputs.extend(outputs.values())
         self._prune(node)
         for tracker in node_info.trackers:
             tracker.restore()
@@ -437,6 +450,8 @@ class SessionAPI:
             node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
         for leaf in leaves:
             carrier = _core.carrier_of(leaf.value)
+            if leaf.name in shadowed:  # replaced by the state update of the same name
+                continue
             if carrier.port is None:  # one value published twice keeps its first port
                 carrier.port = leaf.name
         for name, value in node_info.state_updates.items():
@@ -449,8 +464,15 @@ class SessionAPI:
         dtype, shape = _describe(leaf.value)
         return _core.Port(leaf.name, dtype, shape, vid, clone_plain(leaf.value), leaf.semantics)
 
-    def _merge_states(self, node: Any) -> None:
+    def _merge_states(self, node: Any, outputs: dict) -> set[str]:
+        """Add the updated states to outputs (name -> Port), in declaration order.
+
+        A state named like a regular output replaces it in place, keeping the
+        regular output's semantics; returns the names replaced that way.
+        Declared states never updated stay regular inputs.
+        """
         node_info = info(node)
+        shadowed: set[str] = set()
         for name, port in node_info.states.items():
             value = node_info.state_updates.get(name)
             if value is None:
@@ -458,11 +480,36 @@ class SessionAPI:
                                "update_state(); it stays a regular input.", name, node.name)
                 port.is_state = 0
                 continue
+            previous = outputs.get(name)
+            semantics = port.semantics
+            if previous is not None:
+                logger.warning("Output '%s' of node '%s' has the name of an updated state: the "
+                               "state's new value replaces it.", name, node.name)
+                semantics = previous.semantics
+                shadowed.add(name)
             vid = _core.carrier_of(value).vid
-            out = self._output_port(Leaf(name, value, port.semantics, (name,)), vid)
+            out = self._output_port(Leaf(name, value, semantics, (name,)), vid)
             out.is_state = 1
-            node.outputs.append(out)
+            outputs[name] = out
             port.src_node, port.src_port = node, name
+        return shadowed
+
+    def _check_static_over_state(self, node: Any, static_leaves: list[Leaf]) -> None:
+        """A static output named like an updated state must match it in dtype and shape."""
+        node_info = info(node)
+        updates = dict(node_info.state_updates)
+        for tracker in node_info.trackers:
+            updates.update(tracker.reassigned())
+        for leaf in static_leaves:
+            port = node_info.states.get(leaf.name)
+            if port is None or leaf.name not in updates:
+                continue
+            dtype, shape = _describe(leaf.value)
+            if dtype != port.dtype or shape != tuple(port.shape):
+                fatal(f"Error: static output '{leaf.name}' of node '{node.name}' has the name "
+                      f"of an updated state, so it replaces the state's new value, but it has "
+                      f"shape {list(shape)} and dtype {dtype} where the state has shape "
+                      f"{list(port.shape)} and dtype {port.dtype}. Rename the static output.")
 
     def _prune(self, node: Any) -> None:
         live_ops, live = node.prune([p.vid for p in node.outputs])
@@ -479,18 +526,26 @@ class SessionAPI:
                 "clarity and efficiency, consider removing these inputs", node.name,
                 {p.name for p in trimmed})
 
-    def _reenter_outputs(self, node: Any, leaves: list[Leaf]) -> None:
+    def _reenter_outputs(self, node: Any, leaves: list[Leaf],
+                         static_leaves: list[Leaf]) -> None:
+        """Check a later pass's outputs against pass 1 and cache them.
+
+        The values are resolved by name as on pass 1: a state update replaces a
+        regular output of its name, a static output replaces a state.
+        """
         node_info = info(node)
         for tracker in node_info.trackers:
             tracker.collect_reentry(self, node)
-        for leaf in leaves:
+        resolved: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
+        for name, value in node_info.state_updates.items():
+            if any(port.name == name and port.is_state for port in node.outputs):
+                resolved[name] = Leaf(name, value, None, (name,))
+        for leaf in static_leaves:
+            resolved[leaf.name] = leaf
+        for leaf in resolved.values():
             port = self._find_port(node, leaf.name, outputs=True)
             self._check_same(node, port, leaf)
             self._cache(node, port, leaf.value)
-        for name, value in node_info.state_updates.items():
-            for port in node.outputs:
-                if port.name == name and port.is_state:
-                    self._cache(node, port, value)
         node_info.state_updates = {}
         cfg = _Current.config
         if node_info.pending and cfg is not None and node_info.samples < cfg.max_cached_io - 1:

@@ -34,18 +34,21 @@ class CheckFailed(Exception):
 # ---- reading ------------------------------------------------------------------------------
 
 def _read_bundle(path: str) -> dict:
-    """The YAML's three documents as one mapping; BundleError when it cannot be read."""
+    """The YAML's three documents as one mapping; BundleError when it cannot be read.
+
+    Parsed by InferenceManager's safe loader (no anchors or aliases, bounded
+    size and depth, regular files only).
+    """
+    from ._safe_load import load_yaml
     if not os.path.exists(path):
         raise BundleError(f"no such file: {path}")
     if os.path.isdir(path):
         raise BundleError(f"{path} is a directory; give the bundle's .yaml file")
     if not path.endswith(".yaml"):
         raise BundleError(f"{path} is not a .yaml file; give the bundle's .yaml file")
-    import yaml
     try:
-        with open(path, encoding="utf-8") as handle:
-            loaded = yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        loaded = load_yaml(path)
+    except (OSError, ValueError) as exc:
         raise BundleError(f"cannot read {path}: {_one_line(exc)}") from exc
     if not isinstance(loaded, dict) or not all(k in loaded for k in _DOCUMENTS):
         raise BundleError(f"{path} is not a leapp bundle: it needs the documents "
@@ -70,14 +73,18 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _checksum(yaml_dir: str, parameters: dict) -> tuple[str, bool]:
-    """(what to print, ok) for one node's model file."""
+def _checksum(yaml_dir: str, name: str, parameters: dict) -> tuple[str, bool]:
+    """(what to print, ok) for one node's model file (confined to the bundle)."""
+    from ._safe_load import bundle_file
     model_path = parameters.get("model_path")
     if not model_path:
         return "no model", True
-    path = os.path.join(yaml_dir, str(model_path))
-    if not os.path.isfile(path):
+    try:
+        path = bundle_file(yaml_dir, model_path, f"model file of node '{name}'")
+    except FileNotFoundError:
         return f"{model_path}: MISSING", False
+    except ValueError as exc:  # outside the bundle, not a regular file, not a string
+        return f"{model_path}: REFUSED ({_one_line(exc)})", False
     expected = parameters.get("sha256sum")
     if expected is None:
         return f"{model_path}: no sha256sum recorded", False
@@ -134,7 +141,7 @@ def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
     for name, model in models.items():
         model = model or {}
         parameters = model.get("parameters") or {}
-        checksum, ok = _checksum(yaml_dir, parameters)
+        checksum, ok = _checksum(yaml_dir, name, parameters)
         if not ok:
             failed.append(f"{name}: {checksum}")
         print(f"\nnode {name}  backend={parameters.get('backend')}  {checksum}", file=out)

@@ -8,21 +8,28 @@ from the bundle's initial values.  The routing itself is compiled once into a
 ``leapp._core.Program``: integer slots for every node input and graph output,
 so that ``run_policy`` runs the whole step in C and only calls back into
 Python for the models themselves.
+
+Bundles are data, not code: loading never unpickles, every file the YAML names
+must lie inside the bundle directory (unless ``allow_external_paths=True``)
+and be a regular file, the YAML is parsed with anchors and aliases refused and
+its size bounded, and every field is type-checked before anything is
+allocated.  See ``docs/safety.md``.
 """
 from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import logging
+import math
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Callable
 
 import torch
-import yaml
 
 from leapp import _core, _logging
+from leapp._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
+                              load_pt2, load_yaml, open_regular, parse_shape, quote)
 
 logger = logging.getLogger("leapp")
 
@@ -59,13 +66,15 @@ def _fatal(message: str, error_type: type[Exception] = ValueError) -> None:
     _logging.fatal(message, error_type)
 
 
-def _split_key(key: str, what: str) -> tuple[str, str]:
+def _split_key(key: Any, what: str) -> tuple[str, str]:
     """Split ``"node/port"`` into its two parts, or raise a ValueError."""
-    parts = str(key).split("/")
+    if not isinstance(key, str):
+        _fatal(f"Invalid {what} key {quote(key)}: expected a 'node_name/port_name' string")
+    parts = key.split("/")
     if len(parts) != 2:
         reason = ("too many values to unpack (expected 2)" if len(parts) > 2
                   else f"not enough values to unpack (expected 2, got {len(parts)})")
-        _fatal(f"Invalid {what} key '{key}': {reason}. "
+        _fatal(f"Invalid {what} key {quote(key)}: {reason}. "
                "Expected format: node_name/port_name")
     return parts[0], parts[1]
 
@@ -73,34 +82,68 @@ def _split_key(key: str, what: str) -> tuple[str, str]:
 def _parse_dtype(value: Any, where: str) -> torch.dtype:
     if isinstance(value, torch.dtype):
         return value
-    name = str(value)
-    if name.startswith("torch."):
-        name = name[len("torch."):]
-    dtype = _DTYPES.get(name)
+    dtype = None
+    if isinstance(value, str):
+        name = value[len("torch."):] if value.startswith("torch.") else value
+        dtype = _DTYPES.get(name)
     if dtype is None:
-        _fatal(f"Unsupported dtype '{value}' for {where}. "
+        _fatal(f"Unsupported dtype {quote(value)} for {where}. "
                f"Supported dtypes: {sorted(_DTYPES)}")
     return dtype
 
 
 def _parse_shape(value: Any, where: str) -> tuple[int, ...]:
-    if isinstance(value, str):
-        value = json.loads(value)
-    if value is None:
-        value = []
-    try:
-        return tuple(int(d) for d in value)
-    except (TypeError, ValueError):
-        _fatal(f"Invalid shape {value!r} for {where}: expected a list of ints")
-    raise AssertionError("unreachable")
+    """A declared shape: a list (or JSON list) of non-negative ints, bounded in size."""
+    return parse_shape(value, where)
 
 
-def _sha256(path: str) -> str:
+def _sha256(path: str, what: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with os.fdopen(open_regular(path, what), "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _mapping(value: Any, where: str, allow_none: bool = False) -> dict:
+    """``value`` when it is a mapping (``None`` reads as empty where allowed)."""
+    if value is None and allow_none:
+        return {}
+    if not isinstance(value, dict):
+        _fatal(f"{where} must be a mapping, got {quote(value)}")
+    return value
+
+
+def _name_list(value: Any, where: str) -> list[str]:
+    """A list of non-empty strings (``None`` reads as empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        _fatal(f"{where} must be a list of names, got {quote(value)}")
+    return value
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name or name == OUTPUT_KEY:
+        _fatal(f"Invalid {what} {quote(name)}: expected a non-empty string without '/'")
+    return name
+
+
+def _port_entries(value: Any, node: str, side: str) -> list[dict[str, Any]]:
+    """A node's ``inputs`` or ``outputs``: a list of {name, dtype, shape} mappings."""
+    if not isinstance(value, list):
+        _fatal(f"'{side}' of node {quote(node)} must be a list of port descriptions, "
+               f"got {quote(value)}")
+    seen: set[str] = set()
+    for entry in value:
+        if not isinstance(entry, dict) or not all(k in entry for k in ("name", "dtype", "shape")):
+            _fatal(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
+                   f"dtype and shape, got {quote(entry)}")
+        name = _check_name(entry["name"], f"{side[:-1]} name of node {quote(node)}")
+        if name in seen:
+            _fatal(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
+        seen.add(name)
+    return value
 
 
 def _default_device() -> str:
@@ -215,31 +258,45 @@ class InferenceNode:
     ``mock_input`` (zero tensors of the declared shapes) and ``mock_output``.
     """
 
-    def __init__(self, name: str, description: Mapping[str, Any], yaml_dir: str) -> None:
+    def __init__(self, name: str, description: Mapping[str, Any], yaml_dir: str,
+                 allow_external_paths: bool = False) -> None:
+        _check_name(name, "node name")
         if not isinstance(description, Mapping) or not all(
                 k in description for k in ("inputs", "outputs", "parameters")):
             keys = list(description.keys()) if isinstance(description, Mapping) else description
-            _fatal(f"Model description must contain inputs, outputs, and parameters, got {keys}")
-        params = description["parameters"] or {}
+            _fatal("Model description must contain inputs, outputs, and parameters, got "
+                   f"{quote(keys)}")
+        params = _mapping(description["parameters"], f"'parameters' of node {quote(name)}",
+                          allow_none=True)
         if not all(k in params for k in ("model_path", "md5sum", "sha256sum", "backend")):
             _fatal("Model description must contain model_path, md5sum, sha256sum, and "
-                   f"backend, got {list(params.keys())}")
+                   f"backend, got {quote(list(params.keys()))}")
         self.name = name
-        self.input_descriptions: list[dict[str, Any]] = list(description["inputs"] or [])
-        self.output_descriptions: list[dict[str, Any]] = list(description["outputs"] or [])
+        self.input_descriptions: list[dict[str, Any]] = list(
+            _port_entries(description["inputs"], name, "inputs"))
+        self.output_descriptions: list[dict[str, Any]] = list(
+            _port_entries(description["outputs"], name, "outputs"))
         self.parameters: dict[str, Any] = dict(params)
         self.input_names: list[str] = [d["name"] for d in self.input_descriptions]
         self.output_names: list[str] = [d["name"] for d in self.output_descriptions]
-        self.input_shapes = [_parse_shape(d.get("shape"), f"{name}/{d['name']}")
+        self.input_shapes = [_parse_shape(d["shape"], f"{name}/{d['name']}")
                              for d in self.input_descriptions]
-        self.input_dtypes = [_parse_dtype(d.get("dtype"), f"{name}/{d['name']}")
+        self.input_dtypes = [_parse_dtype(d["dtype"], f"{name}/{d['name']}")
                              for d in self.input_descriptions]
-        self.output_shapes = [_parse_shape(d.get("shape"), f"{name}/{d['name']}")
+        self.output_shapes = [_parse_shape(d["shape"], f"{name}/{d['name']}")
                               for d in self.output_descriptions]
-        self.output_dtypes = [_parse_dtype(d.get("dtype"), f"{name}/{d['name']}")
+        self.output_dtypes = [_parse_dtype(d["dtype"], f"{name}/{d['name']}")
                               for d in self.output_descriptions]
-        self.backend: str = params["backend"]
-        self.model_path = self._resolve_path(params["model_path"], yaml_dir)
+        backend = params["backend"]
+        if backend not in ("jit", "onnx", "pt2"):
+            if backend is None and params["model_path"] in (None, ""):
+                self._resolve_path(None, yaml_dir, allow_external_paths)
+            _fatal(f"Unsupported backend: {clip(backend)}")
+        self.backend: str = backend
+        self._bundle_dir = yaml_dir
+        self._allow_external_paths = allow_external_paths
+        self.model_path = self._resolve_path(params["model_path"], yaml_dir,
+                                             allow_external_paths)
         self._verify(params["sha256sum"])
         self.model, self.call, self.device = self._load()
         self.mock_input: dict[str, torch.Tensor] = {
@@ -249,41 +306,56 @@ class InferenceNode:
             n: torch.zeros(s, dtype=d, device=self.device)
             for n, s, d in zip(self.output_names, self.output_shapes, self.output_dtypes)}
 
-    def _resolve_path(self, model_path: str | None, yaml_dir: str) -> str:
-        if not model_path:
-            _fatal(f"Node '{self.name}' has no model_path: it cannot run in "
+    def _resolve_path(self, model_path: Any, yaml_dir: str,
+                      allow_external_paths: bool = False) -> str:
+        if model_path is None or model_path == "":
+            _fatal(f"Node {quote(self.name)} has no model_path: it cannot run in "
                    "InferenceManager. Export it with a backend (jit, onnx or pt2).")
-        joined = os.path.join(yaml_dir, model_path)
-        path = joined if os.path.exists(joined) else model_path
-        if not os.path.exists(path):
-            _fatal(f"Model file for node '{self.name}' not found at {joined}",
-                   FileNotFoundError)
-        return path
+        return bundle_file(yaml_dir, model_path, f"model file for node {quote(self.name)}",
+                           allow_external_paths)
 
-    def _verify(self, expected: str | None) -> None:
-        actual = _sha256(self.model_path)
+    def _verify(self, expected: Any) -> None:
+        actual = _sha256(self.model_path, f"Model file for node {quote(self.name)}")
         if expected != actual:
             _fatal(f"SHA256 checksum mismatch for {self.model_path}: "
-                   f"expected {expected}, got {actual}")
+                   f"expected {clip(expected)}, got {actual}")
 
     def _load(self) -> tuple[Any, Callable[..., Any], str]:
+        try:
+            return self._load_model()
+        except BundleError as exc:  # the safe loaders' own refusals (already logged)
+            raise BundleError(f"Node {quote(self.name)}: {exc}") from exc
+        except Exception as exc:  # a corrupt or hostile file: one clear message
+            _fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
+                   f"{quote(self.model_path)}: {type(exc).__name__}: "
+                   f"{clip(' '.join(str(exc).split()), 400)}",
+                   BundleError)
+            raise AssertionError("unreachable") from exc
+
+    def _load_model(self) -> tuple[Any, Callable[..., Any], str]:
         backend = self.backend
         if backend == "jit":
+            # TorchScript archives are read by torch's restricted unpickler, which only
+            # rebuilds tensors and TorchScript classes compiled from the archive's code:
+            # no Python global can be named, so no Python code runs.
             device = _default_device()
             model = torch.jit.load(self.model_path, map_location=device).to(device).eval()
             # The compiled method skips nn.Module.__call__: no hooks on a loaded module.
             return model, model.forward, device
         if backend == "onnx":
+            check_onnx_external_data(self.model_path, self._bundle_dir,
+                                     self._allow_external_paths)
             runner = _OnnxRunner(self.model_path, self.input_names, self.output_descriptions)
             return runner, runner, runner.device
         if backend == "pt2":
             device = _default_device()
-            model = torch.export.load(self.model_path).module()
+            # never torch.export.load: it unpickles (see leapp._safe_load.load_pt2)
+            model = load_pt2(self.model_path).module()
             if device != "cpu":
                 model = model.to(device)
             # Called as a module: torch.export installs input-checking hooks.
             return model, model, device
-        _fatal(f"Unsupported backend: {backend}")
+        _fatal(f"Unsupported backend: {clip(backend)}")
         raise AssertionError("unreachable")
 
     def __call__(self, *args: torch.Tensor) -> Any:
@@ -351,24 +423,33 @@ class InferenceManager:
     Args:
         yaml_path: path to the ``.yaml`` description written by
             ``leapp.compile_graph()``.
+        allow_external_paths: accept model and initial-values paths that are
+            absolute or resolve (after following symlinks) outside the YAML's
+            directory.  Off by default: a bundle is self-contained, and a path
+            leaving it is refused.  Turn it on only for bundles you trust.
 
     Raises:
         FileNotFoundError: the YAML, a model or the initial-values file is missing.
-        ValueError: the YAML is malformed or inconsistent, a model's sha256 does
-            not match, or the feedback initial values do not fit the graph.
+        ValueError: the YAML is malformed, unsafe (anchors/aliases, larger than
+            16 MiB, a path leaving the bundle, a file that is not a regular
+            file, a model archive holding pickles or code) or inconsistent, a
+            model's sha256 does not match, or the feedback initial values do
+            not fit the graph.  Bundle problems raise
+            ``leapp._safe_load.BundleError``, a ValueError.
     """
 
-    def __init__(self, yaml_path: str) -> None:
+    def __init__(self, yaml_path: str, allow_external_paths: bool = False) -> None:
         yaml_path = os.fspath(yaml_path)
         if not os.path.exists(yaml_path):
-            _fatal(f"Leapp description file not found at {yaml_path}", FileNotFoundError)
+            _fatal(f"Leapp description file not found at {clip(yaml_path)}", FileNotFoundError)
         if not yaml_path.endswith(".yaml"):
-            _fatal(f"Leapp description file must end with .yaml, got {yaml_path}")
+            _fatal(f"Leapp description file must end with .yaml, got {clip(yaml_path)}")
         self.model_path = yaml_path
-        self._yaml_dir = os.path.dirname(yaml_path)
+        self._yaml_dir = os.path.dirname(os.path.abspath(yaml_path))
+        self._allow_external_paths = bool(allow_external_paths)
         self._load_description()
         self.nodes: dict[str, InferenceNode] = {
-            name: InferenceNode(name, description, self._yaml_dir)
+            name: InferenceNode(name, description, self._yaml_dir, self._allow_external_paths)
             for name, description in self.models.items()}
         self._build()
         self._load_initial_values()
@@ -377,19 +458,33 @@ class InferenceManager:
     # ---- loading ----------------------------------------------------------
 
     def _load_description(self) -> None:
-        with open(self.model_path) as handle:
-            description = yaml.safe_load(handle)
+        description = load_yaml(self.model_path)
         if not isinstance(description, dict) or not all(
                 k in description for k in ("models", "pipeline", "system information")):
             keys = list(description.keys()) if isinstance(description, dict) else description
             _fatal("Leapp description file must contain models, pipeline, and "
-                   f"system_info, got {keys}")
+                   f"system_info, got {quote(keys)}")
         self.leapp_description: dict[str, Any] = description
-        self.models: dict[str, Any] = description["models"] or {}
-        self.pipeline: dict[str, Any] = description["pipeline"] or {}
-        self.system_info: dict[str, Any] = description["system information"] or {}
-        self._data_flow: dict[str, list[str]] = self.pipeline.get("data_flow") or {}
-        self._feedback_flow: dict[str, list[str]] = self.pipeline.get("feedback_flow") or {}
+        self.models: dict[str, Any] = _mapping(description["models"], "Section 'models'")
+        self.pipeline: dict[str, Any] = _mapping(description["pipeline"], "Section 'pipeline'")
+        self.system_info: dict[str, Any] = _mapping(description["system information"],
+                                                    "Section 'system information'")
+        for name in self.models:
+            _check_name(name, "node name")
+        flows = {}
+        for section in ("data_flow", "feedback_flow", "inputs", "outputs"):
+            where = f"pipeline {section}"
+            flow = _mapping(self.pipeline.get(section), f"Section '{where}'", allow_none=True)
+            for key, targets in flow.items():
+                if not isinstance(key, str):
+                    _fatal(f"Invalid {where} key {quote(key)}: expected a string")
+                _name_list(targets, f"{where} entry {quote(key)}")
+            flows[section] = flow
+        initial = self.pipeline.get("initial_values")
+        if initial is not None and not isinstance(initial, str):
+            _fatal(f"pipeline initial_values must be a file name, got {quote(initial)}")
+        self._data_flow: dict[str, list[str]] = flows["data_flow"]
+        self._feedback_flow: dict[str, list[str]] = flows["feedback_flow"]
 
     def _graph_ports(self, section: str) -> list[tuple[str, str]]:
         ports = []
@@ -405,12 +500,12 @@ class InferenceManager:
         graph_outputs = self._graph_ports("outputs")
         for node, name in graph_inputs:
             if node not in nodes or name not in nodes[node].input_names:
-                _fatal(f"Pipeline input '{node}/{name}' does not match any node input. "
-                       f"Available nodes: {list(nodes)}")
+                _fatal(f"Pipeline input {quote(f'{node}/{name}')} does not match any node input. "
+                       f"Available nodes: {quote(list(nodes))}")
         for node, name in graph_outputs:
             if node not in nodes or name not in nodes[node].output_names:
-                _fatal(f"Pipeline output '{node}/{name}' does not match any node output. "
-                       f"Available nodes: {list(nodes)}")
+                _fatal(f"Pipeline output {quote(f'{node}/{name}')} does not match any node output. "
+                       f"Available nodes: {quote(list(nodes))}")
 
         # routing table: forward targets first, then feedback, then graph outputs
         routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -513,8 +608,8 @@ class InferenceManager:
             missing = [port for port in node.output_names if (name, port) not in routes]
             if missing:
                 _fatal(
-                    f"Node '{name}' has unroutable outputs: {missing}. Every model output "
-                    "must appear in pipeline data_flow, feedback_flow, or pipeline outputs. "
+                    f"Node {quote(name)} has unroutable outputs: {quote(missing)}. Every model "
+                    "output must appear in pipeline data_flow, feedback_flow, or pipeline outputs. "
                     "This may indicate the YAML was edited manually and is inconsistent "
                     "with the exported model.")
 
@@ -523,25 +618,25 @@ class InferenceManager:
         nodes = self.nodes
         for (src_node, src_port), targets in routes.items():
             if src_node not in nodes:
-                _fatal(f"Source node '{src_node}' not found in models")
+                _fatal(f"Source node {quote(src_node)} not found in models")
             source = nodes[src_node]
             if src_port not in source.output_names:
-                _fatal(f"Source output '{src_port}' not found in node '{src_node}'. "
-                       f"Available outputs: {source.output_names}")
+                _fatal(f"Source output {quote(src_port)} not found in node {quote(src_node)}. "
+                       f"Available outputs: {quote(source.output_names)}")
             i = source.output_names.index(src_port)
             src_shape, src_dtype = source.output_shapes[i], source.output_dtypes[i]
             for dst_node, dst_port in targets:
                 if dst_node == OUTPUT_KEY:
                     continue
                 if dst_node not in nodes:
-                    _fatal(f"Target node '{dst_node}' not found in models")
+                    _fatal(f"Target node {quote(dst_node)} not found in models")
                 target = nodes[dst_node]
                 if dst_port not in target.input_names:
-                    _fatal(f"Target input '{dst_port}' not found in node '{dst_node}'. "
-                           f"Available inputs: {target.input_names}")
+                    _fatal(f"Target input {quote(dst_port)} not found in node {quote(dst_node)}. "
+                           f"Available inputs: {quote(target.input_names)}")
                 j = target.input_names.index(dst_port)
                 dst_shape, dst_dtype = target.input_shapes[j], target.input_dtypes[j]
-                src_key, dst_key = f"{src_node}/{src_port}", f"{dst_node}/{dst_port}"
+                src_key, dst_key = clip(f"{src_node}/{src_port}"), clip(f"{dst_node}/{dst_port}")
                 if list(src_shape) != list(dst_shape):
                     _fatal(f"Shape mismatch in pipeline connection: {src_key} "
                            f"{tuple(src_shape)} -> {dst_key} {tuple(dst_shape)}")
@@ -574,7 +669,7 @@ class InferenceManager:
                     heapq.heappush(ready, rank[nxt])
         if len(order) != len(names):
             cycle = [name for name in names if pending[name] > 0]
-            _fatal(f"pipeline data_flow has a cycle through nodes {cycle}; loops must be "
+            _fatal(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
                    "listed under feedback_flow")
         return order
 
@@ -583,20 +678,41 @@ class InferenceManager:
         filename = self.pipeline.get("initial_values")
         if not filename:
             return
-        path = os.path.join(self._yaml_dir, filename)
-        if not os.path.exists(path):
-            _fatal(f"Feedback initial values file not found at {path}", FileNotFoundError)
-        from safetensors.torch import load_file
+        path = bundle_file(self._yaml_dir, filename, "feedback initial values file",
+                           self._allow_external_paths)
+        from safetensors.torch import load as load_safetensors
 
-        for key, tensor in load_file(path).items():
+        # every value fits a declared input: bound the file by their bytes plus a header
+        limit = (1 << 24) + sum(
+            math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            for node in self.nodes.values()
+            for shape, dtype in zip(node.input_shapes, node.input_dtypes))
+        with os.fdopen(open_regular(path, "Feedback initial values file"), "rb") as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            _fatal(f"Feedback initial values file {quote(path)} is larger than the {limit} "
+                   "bytes the declared node inputs can hold", BundleError)
+        try:
+            tensors = load_safetensors(data)
+        except Exception as exc:  # safetensors' own errors: truncated, bad header, dtype
+            _fatal(f"Feedback initial values file {quote(path)} is not a valid safetensors "
+                   f"file: {type(exc).__name__}: {clip(str(exc))}", BundleError)
+        for key, tensor in tensors.items():
             node, name = _split_key(key, "feedback initial value")
             slot = self._slot_of.get((node, name))
             if slot is None or node == OUTPUT_KEY:
                 inputs = self.nodes[node].input_names if node in self.nodes else None
-                _fatal(f"Feedback initial value key '{key}' does not match any node input. "
-                       f"Available nodes: {list(self.nodes)}"
-                       + (f"; inputs of '{node}': {inputs}" if inputs is not None else ""))
-            self._initial.append((slot, tensor.to(self.nodes[node].device)))
+                _fatal(f"Feedback initial value key {quote(key)} does not match any node input. "
+                       f"Available nodes: {quote(list(self.nodes))}"
+                       + (f"; inputs of {quote(node)}: {quote(inputs)}" if inputs is not None
+                          else ""))
+            target = self.nodes[node]
+            i = target.input_names.index(name)
+            shape, dtype = target.input_shapes[i], target.input_dtypes[i]
+            if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                _fatal(f"Feedback initial value {quote(key)} is a {tensor.dtype} tensor of shape "
+                       f"{tuple(tensor.shape)}, but the input is declared {dtype} {shape}")
+            self._initial.append((slot, tensor.to(target.device)))
 
     # ---- state ------------------------------------------------------------
 

@@ -15,9 +15,9 @@ import torch
 from . import _core, _logging
 from ._logging import fatal, logger, section
 from ._session import SessionConfig, _Current, info
+from ._version import __implementation__, __version__  # noqa: F401
 from .semantics import GraphConfigs
 
-__version__ = "0.7.2"
 __config_version__ = "1.3"
 
 # The last compile_graph() of the session, for leapp.ExportManager: its YAML

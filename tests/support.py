@@ -9,8 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def upstream_python() -> str | None:
     """An interpreter with upstream leapp 0.7.2, if one is set up beside us."""
     candidates = [os.environ.get("LEAPP_UPSTREAM_PYTHON"),
-                  os.path.join(ROOT, ".compat-venv", "bin", "python"),
-                  "/work/upstream-venv/bin/python"]
+                  os.path.join(ROOT, ".compat-venv", "bin", "python")]
     for path in candidates:
         if path and os.path.exists(path):
             return path

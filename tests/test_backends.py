@@ -597,21 +597,57 @@ def _make_model(directory, suffix):
 
 
 @pytest.mark.parametrize("suffix,backend", [(".pt", "jit"), (".onnx", "onnx"), (".pt2", "pt2")])
-def test_byom_reference(tmp_path, suffix, backend, caplog):
+def test_byom_outside_bundle_is_copied(tmp_path, suffix, backend, caplog):
     path = _make_model(tmp_path / "bundles" / "models", suffix)
     _byom_pipeline(tmp_path, {"model_path": str(path)})
     with caplog.at_level("INFO", logger="leapp"):
         result = leapp.compile_graph(visualize=False)
     assert result == {"own": True}
     assert "[PASS] own passed validation (1 example)" in caplog.text
-    params = _load_yaml(str(tmp_path / "bundles" / "byom"), "byom")["models"]["own"][
-        "parameters"]
+    bundle = tmp_path / "bundles" / "byom"
+    params = _load_yaml(str(bundle), "byom")["models"]["own"]["parameters"]
     assert params["backend"] == backend
-    assert params["model_path"] == f"../models/affine{suffix}"
+    # the bundle is self-contained: InferenceManager refuses paths leaving it
+    assert params["model_path"] == f"affine{suffix}"
     import hashlib
     assert params["sha256sum"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert not (tmp_path / "bundles" / "byom" / f"affine{suffix}").exists()
+    assert (bundle / f"affine{suffix}").read_bytes() == path.read_bytes()
+    assert "lies outside the bundle directory: copied into the bundle" in caplog.text
+    assert f"- own: {bundle / f'affine{suffix}'}" in caplog.text
+    from leapp.inference_manager import InferenceManager
+    manager = InferenceManager(str(bundle / "byom.yaml"))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(manager({"own/x": x})["own/y"], x * 3.0 - 1.0)
+
+
+def test_byom_inside_bundle_is_referenced(tmp_path, caplog):
+    path = _make_model(tmp_path / "bundles" / "byom" / "models", ".pt")
+    _byom_pipeline(tmp_path, {"model_path": str(path)})
+    with caplog.at_level("INFO", logger="leapp"):
+        assert leapp.compile_graph(visualize=False) == {"own": True}
+    bundle = tmp_path / "bundles" / "byom"
+    params = _load_yaml(str(bundle), "byom")["models"]["own"]["parameters"]
+    assert params["model_path"] == "models/affine.pt"
+    assert not (bundle / "affine.pt").exists()
     assert f"- own: {path}" in caplog.text  # the artifact summary names the real file
+    from leapp.inference_manager import InferenceManager
+    InferenceManager(str(bundle / "byom.yaml"))
+
+
+def test_byom_copy_original_model_false_keeps_reference(tmp_path, caplog):
+    path = _make_model(tmp_path / "bundles" / "models", ".pt")
+    _byom_pipeline(tmp_path, {"model_path": str(path), "copy_original_model": False})
+    with caplog.at_level("INFO", logger="leapp"):
+        assert leapp.compile_graph(visualize=False) == {"own": True}
+    bundle = tmp_path / "bundles" / "byom"
+    params = _load_yaml(str(bundle), "byom")["models"]["own"]["parameters"]
+    assert params["model_path"] == "../models/affine.pt"
+    assert not (bundle / "affine.pt").exists()
+    assert "allow_external_paths=True" in caplog.text
+    from leapp.inference_manager import InferenceManager
+    with pytest.raises(ValueError, match="outside the bundle directory"):
+        InferenceManager(str(bundle / "byom.yaml"))
+    InferenceManager(str(bundle / "byom.yaml"), allow_external_paths=True)
 
 
 def test_byom_copy_original_model(tmp_path):

@@ -220,3 +220,23 @@ def test_a_malformed_model_entry_is_one_line(tmp_path):
     proc = leapp_cli("inspect", odd)
     assert proc.returncode == 2 and proc.stderr.startswith("leapp inspect: error:")
     _no_traceback(proc)
+
+
+def test_a_model_outside_the_bundle_is_refused(bundle, tmp_path):
+    outside = os.path.join(tmp_path, "elsewhere.pt")
+    shutil.copy(os.path.join(os.path.dirname(bundle), "enc.pt"), outside)
+    text = open(bundle).read().replace("model_path: enc.pt", "model_path: ../elsewhere.pt")
+    open(bundle, "w").write(text)
+    proc = leapp_cli("inspect", bundle)
+    assert proc.returncode == 1 and "../elsewhere.pt: REFUSED" in proc.stdout
+    proc = leapp_cli("check", bundle)
+    assert proc.returncode == 1 and "outside the bundle" in proc.stderr
+    _no_traceback(proc)
+
+
+def test_yaml_aliases_are_refused(tmp_path):
+    path = os.path.join(tmp_path, "bomb.yaml")
+    open(path, "w").write("a: &x [1, 2]\nmodels: *x\npipeline: {}\nsystem information: {}\n")
+    proc = leapp_cli("inspect", path)
+    assert proc.returncode == 2 and "anchor or alias" in proc.stderr
+    _no_traceback(proc)

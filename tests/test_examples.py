@@ -97,3 +97,95 @@ def test_getting_started_runs_as_a_script(tmp_path):
                             timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr
     assert f"Bundle written to {tmp_path}/my_pipeline" in result.stdout
+
+
+# ---- the worked examples: each bundle, run by leapp.InferenceManager, is the eager code --
+
+
+def test_module_buffers_bundle(tmp_path):
+    from leapp import InferenceManager
+
+    example = _load("module_buffers")
+    bundle = example.main(str(tmp_path))
+    spec = _yaml(bundle, "module_buffers")
+    policy = spec["models"]["policy"]
+    assert [p["name"] for p in policy["inputs"]] == ["obs", "running_mean", "count"]
+    assert [p["name"] for p in policy["outputs"]] == ["action", "running_mean", "count"]
+    assert spec["pipeline"]["feedback_flow"] == {"policy/count": ["policy/count"],
+                                                 "policy/running_mean": ["policy/running_mean"]}
+    assert spec["pipeline"]["initial_values"] == "module_buffers_initial_values.safetensors"
+    torch.manual_seed(0)
+    eager = example.RunningNormalizer().eval()  # fresh: the buffers' first values
+    manager = InferenceManager(os.path.join(bundle, "module_buffers.yaml"))
+    for obs in example.observations(10):  # beyond the traced passes
+        with torch.no_grad():
+            expected = eager(obs)
+        got = manager.run_policy({"policy/obs": obs})
+        torch.testing.assert_close(got["policy/action"], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eager.count, torch.full((1, 1), 10.0))
+
+
+def test_state_tensors_bundle(tmp_path):
+    from leapp import InferenceManager
+
+    example = _load("state_tensors")
+    bundle = example.main(str(tmp_path))
+    spec = _yaml(bundle, "state_tensors")
+    assert spec["pipeline"]["feedback_flow"] == {"policy/last_action": ["policy/last_action"]}
+    assert [p["name"] for p in spec["models"]["policy"]["outputs"]] == ["action", "last_action"]
+    manager = InferenceManager(os.path.join(bundle, "state_tensors.yaml"))
+    last = torch.zeros(1, 2)
+    for obs in example.observations(10):
+        last = example.policy_step(obs, last)  # no session: plain eager code
+        got = manager.run_policy({"policy/obs": obs})
+        torch.testing.assert_close(got["policy/action"], last, rtol=1e-5, atol=1e-6)
+
+
+def test_method_node_bundle(tmp_path):
+    from leapp import InferenceManager
+
+    example = _load("method_node")
+    bundle = example.main(str(tmp_path))
+    spec = _yaml(bundle, "method_node")
+    assert list(spec["models"]) == ["normalize", "policy"]
+    assert [p["name"] for p in spec["models"]["normalize"]["inputs"]] == ["obs"]
+    assert [p["name"] for p in spec["models"]["policy"]["outputs"]] == ["logits", "action"]
+    assert spec["models"]["policy"]["parameters"]["backend"] == "onnx"
+    assert spec["pipeline"]["data_flow"] == {"normalize/features": ["policy/features"]}
+    torch.manual_seed(0)
+    policy = example.Policy().eval()
+    manager = InferenceManager(os.path.join(bundle, "method_node.yaml"))
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(5):
+        obs = torch.randn(1, 8, generator=generator)
+        with torch.no_grad():
+            logits, action = example.run(policy, obs)  # no session: plain eager code
+        got = manager.run_policy({"normalize/obs": obs})
+        torch.testing.assert_close(got["policy/logits"], logits, rtol=1e-4, atol=1e-5)
+        assert torch.equal(got["policy/action"], action)
+
+
+def test_getting_started_notebook_is_valid_and_runs_as_code(tmp_path):
+    import json
+
+    with open(os.path.join(ROOT, "examples", "getting_started.ipynb")) as handle:
+        notebook = json.load(handle)
+    assert notebook["nbformat"] == 4 and notebook["nbformat_minor"] >= 4
+    assert notebook["metadata"]["kernelspec"]["language"] == "python"
+    for cell in notebook["cells"]:
+        assert cell["cell_type"] in ("markdown", "code") and isinstance(cell["source"], list)
+        assert "id" in cell
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+    try:
+        import nbformat
+    except ImportError:
+        nbformat = None
+    if nbformat is not None:
+        nbformat.validate(nbformat.reads(json.dumps(notebook), as_version=4))
+    code = "\n\n".join("".join(cell["source"]) for cell in notebook["cells"]
+                       if cell["cell_type"] == "code")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "my_pipeline" / "my_pipeline.yaml").exists()

@@ -1,9 +1,15 @@
 """Bring your own model: export_with=None, optionally backend_params["model_path"].
 
 Without a model path the node is described in the YAML only (null model path
-and backend).  With one, the pre-compiled file is referenced (or copied into
-the bundle with copy_original_model=True) and loaded in its runtime so that
-validation runs it against the traced values.
+and backend).  With one, the pre-compiled file is loaded in its runtime so that
+validation runs it against the traced values, and the bundle gets it:
+
+* a file already inside the bundle directory is referenced where it is;
+* a file outside it is copied into the bundle, so that the bundle is
+  self-contained (``InferenceManager`` refuses paths leaving the bundle);
+* ``copy_original_model=True`` always copies; ``copy_original_model=False``
+  keeps referencing a file outside the bundle (with a warning: such a bundle
+  only loads with ``InferenceManager(..., allow_external_paths=True)``).
 """
 from __future__ import annotations
 
@@ -21,7 +27,11 @@ SUFFIX_BACKENDS = {".pt": "jit", ".onnx": "onnx", ".pt2": "pt2"}
 
 
 def load_model(path: str) -> Any:
-    """The model at path, callable with torch tensors, in the runtime its suffix names."""
+    """The model at path, callable with torch tensors, in the runtime its suffix names.
+
+    A ``.pt2`` is read the way ``InferenceManager`` reads it (never unpickled), so a
+    file the bundle could not load fails here, at compile time.
+    """
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".pt":
         return torch.jit.load(path, map_location="cpu").eval()
@@ -29,8 +39,22 @@ def load_model(path: str) -> Any:
         from .onnx import OnnxRuntimeModel
         return OnnxRuntimeModel(path)
     if suffix == ".pt2":
-        return torch.export.load(path).module()
+        from .._safe_load import load_pt2
+        return load_pt2(path).module()
     raise ValueError(f"Unsupported model file suffix: {suffix or '(none)'}")
+
+
+def _inside_bundle(path: str, out_dir: str) -> bool:
+    """Whether path lies (after symlinks) inside the bundle directory being written.
+
+    out_dir is compile_graph's work directory, created inside the bundle directory.
+    """
+    from .._session import config
+    cfg = config()
+    bundle = cfg.save_dir if cfg is not None else os.path.dirname(os.path.abspath(out_dir))
+    root = os.path.realpath(bundle)
+    real = os.path.realpath(path)
+    return real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModule,
@@ -59,11 +83,22 @@ def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModu
                                 f"(backend_params['model_path'], resolved to "
                                 f"{os.path.abspath(model_path)})")
     path = os.path.abspath(model_path)
-    if params.get("copy_original_model"):
+    copy = params.get("copy_original_model")
+    inside = _inside_bundle(path, out_dir)
+    if copy or (copy is None and not inside):
         copied = os.path.join(out_dir, os.path.basename(path))
+        if os.path.exists(copied):  # another node's file already has that name
+            copied = os.path.join(out_dir, f"{node}_{os.path.basename(path)}")
         shutil.copy2(path, copied)
         if suffix == ".onnx" and os.path.isfile(path + ".data"):
             shutil.copy2(path + ".data", copied + ".data")
+        if not copy:
+            logger.info("[%s] %s lies outside the bundle directory: copied into the bundle "
+                        "as %s", node, path, os.path.basename(copied))
         path = copied
+    elif not inside:
+        logger.warning("[%s] copy_original_model=False: the bundle references %s outside its "
+                       "directory; InferenceManager loads it only with "
+                       "allow_external_paths=True", node, path)
     return Exported(model=load_model(path), path=path, yaml_backend=backend,
                     input_names=input_names, output_names=output_names)

@@ -166,7 +166,9 @@ def _export_torchscript(module: torch.nn.Module, inputs: tuple, input_names: lis
 
     model: Any = module
     if params.get("prescript"):
-        model = torch.jit.script(module)
+        from .jit import torchscript_enabled
+        with torchscript_enabled():
+            model = torch.jit.script(module)
     torch.onnx.export(model, inputs, tmp_path, dynamo=False, input_names=input_names,
                       output_names=output_names, opset_version=opset,
                       verbose=_verbose() or bool(params.get("report", False)))
