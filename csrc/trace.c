@@ -5,7 +5,9 @@
  * on the real tensors (torch function dispatch disabled for subclasses), is
  * appended to the node's op log, and its tensor results are made traced
  * values of the node.  Ops on values of finished nodes run eagerly and give
- * plain tensors, except the equivalent copies that keep the published port.
+ * plain tensors, except the equivalent copies that keep the published port;
+ * while a session runs, a tensor computed there from a published value is
+ * tagged with where it came from (trace_inactive), never with a carrier.
  */
 #include "leapp.h"
 
