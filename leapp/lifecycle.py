@@ -13,7 +13,7 @@ import torch
 
 from . import _core, _logging
 from ._logging import fatal, logger, section
-from ._session import SessionConfig, _Current, info
+from ._session import SessionConfig, _Current, check_session_thread, info
 from .semantics import GraphConfigs
 
 __version__ = "0.7.2"
@@ -69,6 +69,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     _Current.config = SessionConfig(graph, directory, verbose, dry_run,
                                     frozenset(non_traced or ()), max_cached_io, global_patching,
                                     [patcher])
+    _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
     LAST_COMPILE.clear()
     _core.set_tracing(True)
@@ -80,7 +81,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
 
 
 def _teardown_session() -> None:
-    """Put back module buffers and patched functions; tracing off."""
+    """Put back module buffers and patched functions; tracing off; traced tensors plain."""
     _core.set_tracing(False)
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
@@ -89,6 +90,11 @@ def _teardown_session() -> None:
     if cfg is not None:
         for patcher in cfg.patches:
             patcher.uninstall()
+    # The user's tensors promoted in place, and every traced value they hold,
+    # become plain torch.Tensors again: compile_graph() reads the nodes' op
+    # logs and ports, never the tensors' carriers.
+    released = _core.release_traced()
+    logger.debug("%d traced tensors made plain again", released)
 
 
 def stop() -> None:
@@ -96,6 +102,7 @@ def stop() -> None:
     if not _core.is_tracing():
         fatal("leapp.stop() called with no active tracing session — did you call "
               "leapp.start()?")
+    check_session_thread("leapp.stop()")
     _teardown_session()
 
 
