@@ -14,6 +14,7 @@ import torch
 from . import _core, _logging
 from ._logging import fatal, logger, section
 from ._session import SessionConfig, _Current, check_session_thread, info
+from ._torch_caches import release_export_caches
 from .semantics import GraphConfigs
 
 __version__ = "0.7.2"
@@ -299,6 +300,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         _publish(work_dir, cfg.save_dir, cfg.graph_name)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+        if not skip_export:
+            release_export_caches()  # repeated compiles keep memory flat
     _log_artifacts(cfg, nodes, exported)
     entries = [(n.name, exported[n.name].model if n.name in exported else None,
                 [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]
