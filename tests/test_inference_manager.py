@@ -15,6 +15,7 @@ import shutil
 import weakref
 
 import pytest
+import support
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
@@ -835,7 +836,7 @@ def test_no_leak_over_20000_steps(tmp_path):
         manager.run_policy(inputs)
     gc.collect()
     assert len(gc.get_objects()) - objects < 50
-    assert _rss_kb() - rss < 4096  # KiB
+    assert _rss_kb() - rss < 4096 or support.under_sanitizer()  # KiB; ASan quarantines frees
     assert _refcount(x) == refs
     # error paths release what they took
     for _ in range(2000):
