@@ -125,8 +125,13 @@ def _thread_text(ident: int | None) -> str:
 def check_session_thread(what: str) -> None:
     """Refuse what (e.g. 'leapp.stop()') outside the thread owning the running session."""
     owner = _core.session_thread()
-    if owner is not None and owner != threading.get_ident():
-        API.refuse_thread(what)
+    if owner is None or owner == threading.get_ident():
+        return
+    if all(thread.ident != owner for thread in threading.enumerate()):
+        logger.warning("%s: the thread that started the session has ended; the session is "
+                       "handed to thread %s.", what, _thread_text(threading.get_ident()))
+        return
+    API.refuse_thread(what)
 
 
 class SessionAPI:

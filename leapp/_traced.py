@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy as _copy
-import threading
 from typing import Any
 
 import torch
@@ -26,16 +25,18 @@ class TracedTensor(torch.Tensor):
         """A copy of the value: traced like clone() in its session, else a plain tensor.
 
         torch's default __deepcopy__ refuses subclasses without new_empty();
-        inside the session's thread a traced value copies as clone() (a value
-        of the same node, or the same published port), with requires_grad
-        kept; anywhere else the copy is the plain tensor's deepcopy.  The
-        carrier is never copied: provenance comes from the recorded clone.
+        while a session runs a traced value copies as clone() (a value of the
+        same node, or the same published port), with requires_grad kept;
+        otherwise the copy is the plain tensor's deepcopy.  The carrier is
+        never copied: provenance comes from the recorded clone.
         """
         memo = {} if memo is None else memo
         found = memo.get(id(self))
         if found is not None:
             return found
-        if _core.carrier_of(self) is not None and _core.session_thread() == threading.get_ident():
+        if _core.carrier_of(self) is not None and _core.session_thread() is not None:
+            # Through the core like any op: recorded in the session's thread,
+            # refused in another one when the node is still tracing.
             with torch.no_grad():
                 copy = self.clone()
             if self.requires_grad:

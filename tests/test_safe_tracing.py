@@ -284,3 +284,26 @@ def test_tensors_of_a_session_never_stopped_are_released_by_the_next_start(bundl
     leapp.start("b", save_path=bundle.root)
     assert type(x) is torch.Tensor and _core.carrier_of(x) is None
     leapp.stop()
+
+
+def test_a_session_whose_thread_ended_can_be_stopped_elsewhere(bundle, caplog):
+    def start_only() -> None:
+        leapp.start("orphan", save_path=bundle.root)
+        annotate.input_tensors("n", {"x": torch.ones(1)})
+
+    assert _run_in_thread(start_only) == []
+    leapp.stop()
+    assert not _core.is_tracing()
+    assert "has ended" in caplog.text
+
+
+def test_deepcopy_of_a_tracing_value_from_another_thread_is_refused(bundle):
+    leapp.start("dc3", save_path=bundle.root)
+    x = annotate.input_tensors("policy", {"obs": torch.ones(1, 3)})
+    errors = _run_in_thread(lambda: copy.deepcopy(x))
+    assert len(errors) == 1 and "of node 'policy'" in str(errors[0])
+    y = _trace_policy("other")
+    copies: list = []
+    assert _run_in_thread(lambda: copies.append(copy.deepcopy(y))) == []
+    assert type(copies[0]) is torch.Tensor and torch.equal(copies[0], y)
+    leapp.stop()
