@@ -227,24 +227,22 @@ promoted_compact(leapp_state *st)
 {
     Py_ssize_t i, n = PyList_GET_SIZE(st->promoted);
     PyObject *alive = PyList_New(0);
-    if (alive == NULL) {
-        return -1;
-    }
-    for (i = 0; i < n; i++) {
+    int rc = alive == NULL ? -1 : 0;
+    for (i = 0; rc == 0 && i < n; i++) {
         PyObject *ref = PyList_GET_ITEM(st->promoted, i); /* borrowed */
         PyObject *obj = weak_target(ref);
         if (obj != NULL) {
-            int rc = PyList_Append(alive, ref);
+            rc = PyList_Append(alive, ref);
             Py_DECREF(obj);
-            if (rc < 0) {
-                Py_DECREF(alive);
-                return -1;
-            }
         }
     }
-    st->promoted_limit = 2 * PyList_GET_SIZE(alive) > 4096 ? 2 * PyList_GET_SIZE(alive) : 4096;
-    Py_SETREF(st->promoted, alive); /* the old list is released */
-    return 0;
+    if (rc == 0) {
+        n = PyList_GET_SIZE(alive);
+        st->promoted_limit = 2 * n > 4096 ? 2 * n : 4096;
+        Py_SETREF(st->promoted, Py_NewRef(alive)); /* the old list is released */
+    }
+    Py_XDECREF(alive);
+    return rc;
 }
 
 /* Remember obj weakly, so stop() can make it a plain tensor again. */
@@ -297,13 +295,16 @@ Py_ssize_t
 carrier_release_all(leapp_state *st)
 {
     PyObject *refs = st->promoted, *fresh = PyList_New(0); /* refs: taken from st */
-    Py_ssize_t i, n, count = 0;
+    Py_ssize_t i, n = 0, count = 0;
     if (fresh == NULL) {
-        return -1;
+        count = -1;
+        refs = NULL; /* st keeps its list */
     }
-    st->promoted = fresh;
-    st->promoted_limit = 4096;
-    n = refs != NULL ? PyList_GET_SIZE(refs) : 0;
+    else {
+        st->promoted = fresh;
+        st->promoted_limit = 4096;
+        n = refs != NULL ? PyList_GET_SIZE(refs) : 0;
+    }
     for (i = 0; i < n && count >= 0; i++) {
         PyObject *obj = weak_target(PyList_GET_ITEM(refs, i));
         if (obj != NULL) {

@@ -501,7 +501,7 @@ static PyObject *
 trace_foreign(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
               PyObject *args, PyObject *kwargs)
 {
-    PyObject *name, *what;
+    PyObject *name, *what = NULL;
     if (w->active == NULL
         && (w->first == NULL || (kind != OP_INPLACE && kind != OP_OVERWRITE))) {
         return run_eager(st, func, types, args, kwargs);
@@ -511,7 +511,7 @@ trace_foreign(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *type
         PyErr_Clear();
         name = PyObject_Repr(func);
         if (name == NULL) {
-            return NULL;
+            goto done;
         }
     }
     what = w->active != NULL
@@ -521,9 +521,10 @@ trace_foreign(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *type
                                       name);
     if (what != NULL) {
         (void)leapp_refuse_thread(st, what);
-        Py_DECREF(what);
     }
-    Py_DECREF(name);
+done:
+    Py_XDECREF(what);
+    Py_XDECREF(name);
     return NULL;
 }
 
