@@ -40,7 +40,20 @@ has_nested_value(PyObject *payload)
     return 0;
 }
 
-/* Forward to session_api.<name>(*args, **kwnames). */
+/* The session's error for annotate.<name>() called from a foreign thread. */
+static PyObject *
+refuse(leapp_state *st, const char *name)
+{
+    PyObject *what = PyUnicode_FromFormat("annotate.%s()", name);
+    if (what != NULL) {
+        (void)leapp_refuse_thread(st, what);
+        Py_DECREF(what);
+    }
+    return NULL;
+}
+
+/* Forward to session_api.<name>(*args, **kwnames); the session's own
+ * thread only. */
 static PyObject *
 forward(leapp_state *st, const char *name, PyObject *const *args, size_t nargsf,
         PyObject *kwnames)
@@ -49,6 +62,9 @@ forward(leapp_state *st, const char *name, PyObject *const *args, size_t nargsf,
     if (st->session_api == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "leapp._core is not bound to the facade yet");
         return NULL;
+    }
+    if (leapp_foreign_thread(st)) {
+        return refuse(st, name);
     }
     meth = PyObject_GetAttrString(st->session_api, name);
     if (meth == NULL) {
@@ -127,6 +143,9 @@ method_vectorcall(MethodObject *self, PyObject *const *args, size_t nargsf, PyOb
     }
     if (!st->tracing) {
         return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    }
+    if (leapp_foreign_thread(st)) {
+        return refuse(st, "method");
     }
     call_args = PyTuple_New(nargs);
     kwargs = PyDict_New();

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <pythread.h>
 
 /* Kinds of torch functions, decided once per function by the facade's
  * classifier (leapp._ops.classify) and cached in state->op_kinds. */
@@ -75,6 +76,9 @@ typedef struct {
 
     /* Session. */
     int tracing;              /* between leapp.start() and leapp.stop() */
+    unsigned long owner;      /* ident of the thread that turned tracing on */
+    PyObject *promoted;       /* list of weakrefs to the tensors given a carrier */
+    Py_ssize_t promoted_limit; /* size at which dead weakrefs are dropped from it */
     PyObject *nodes;          /* dict: name -> Node, creation order */
     Py_ssize_t next_index;    /* completion order of the next finished node */
 } leapp_state;
@@ -84,6 +88,18 @@ leapp_get_state(PyObject *module)
 {
     return (leapp_state *)PyModule_GetState(module);
 }
+
+/* A session traces the thread that started it: 1 when a session runs and
+ * the calling thread is another one.  One thread-id compare. */
+static inline int
+leapp_foreign_thread(const leapp_state *st)
+{
+    return st->tracing && PyThread_get_thread_ident() != st->owner;
+}
+
+/* Raise the facade's error for a session call from a foreign thread (what,
+ * a str, names the call, e.g. "annotate.input_tensors()"); returns NULL. */
+PyObject *leapp_refuse_thread(leapp_state *st, PyObject *what);
 
 /* ---- node.c ---------------------------------------------------------- */
 
@@ -143,6 +159,9 @@ int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
                    Py_ssize_t vid, PyObject *port, int declared);
 /* Make obj (an exact torch.Tensor) a TracedTensor in place. */
 int carrier_promote(leapp_state *st, PyObject *obj);
+/* Make every tensor given a carrier since the last call plain again (in
+ * place: class back to torch.Tensor, carrier dropped); -1 on error. */
+Py_ssize_t carrier_release_all(leapp_state *st);
 PyObject *ref_new(leapp_state *st, int kind, Py_ssize_t index);
 /* Index of tensor t in node's constant table, adding it if new; -1 on error. */
 Py_ssize_t node_const_index(NodeObject *node, PyObject *t);

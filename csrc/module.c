@@ -6,7 +6,7 @@
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
-    X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(nodes)
+    X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(nodes) X(promoted)
 
 static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
@@ -87,6 +87,8 @@ module_bind_alias(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_tracing(flag): turning tracing on gives the session to the calling
+ * thread; annotations and traced ops from other threads are refused. */
 static PyObject *
 module_set_tracing(PyObject *module, PyObject *flag)
 {
@@ -96,7 +98,46 @@ module_set_tracing(PyObject *module, PyObject *flag)
         return NULL;
     }
     st->tracing = on;
+    if (on) {
+        st->owner = PyThread_get_thread_ident();
+    }
     Py_RETURN_NONE;
+}
+
+/* session_thread(): the ident of the thread that owns the running session,
+ * or None when no session runs. */
+static PyObject *
+module_session_thread(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    leapp_state *st = leapp_get_state(module);
+    if (!st->tracing) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromUnsignedLong(st->owner);
+}
+
+/* release_traced(): every tensor given a carrier since the last call becomes
+ * a plain torch.Tensor again, in place (leapp.stop()); returns how many. */
+static PyObject *
+module_release_traced(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t n = carrier_release_all(leapp_get_state(module));
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+PyObject *
+leapp_refuse_thread(leapp_state *st, PyObject *what)
+{
+    PyObject *done = NULL;
+    if (st->session_api != NULL) {
+        done = PyObject_CallMethod(st->session_api, "refuse_thread", "O", what);
+    }
+    if (done != NULL || st->session_api == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%S was called from a thread that does not own the "
+                     "tracing session", what);
+    }
+    Py_XDECREF(done);
+    return NULL;
 }
 
 static PyObject *
@@ -146,6 +187,10 @@ static PyMethodDef module_methods[] = {
     {"_bind_alias", module_bind_alias, METH_VARARGS, "Hand the alias-provenance hooks to the core."},
     {"set_tracing", module_set_tracing, METH_O, "Turn the session flag on or off."},
     {"is_tracing", module_is_tracing, METH_NOARGS, "Whether a session is running."},
+    {"session_thread", module_session_thread, METH_NOARGS,
+     "Ident of the thread owning the running session, or None."},
+    {"release_traced", module_release_traced, METH_NOARGS,
+     "Make every tensor traced since the last call a plain tensor again."},
     {"reset_nodes", module_reset_nodes, METH_NOARGS, "Forget every node."},
     {"nodes", module_nodes, METH_NOARGS, "The dict of nodes, in creation order."},
     {"next_index", module_next_index, METH_NOARGS, "Next completion index."},
@@ -158,7 +203,10 @@ module_exec(PyObject *module)
     leapp_state *st = leapp_get_state(module);
     int rc = -1;
     st->tracing = 0;
+    st->owner = 0;
     st->next_index = 0;
+    st->promoted_limit = 4096;
+    st->promoted = PyList_New(0);
     st->op_kinds = PyDict_New();
     st->dtype_names = PyDict_New();
     st->empty_kwargs = PyDict_New();
@@ -171,7 +219,7 @@ module_exec(PyObject *module)
     st->str_detach = PyUnicode_InternFromString("detach");
     st->str_derived = PyUnicode_InternFromString("_leapp_derived");
     if (st->op_kinds == NULL || st->dtype_names == NULL || st->empty_kwargs == NULL
-        || st->nodes == NULL
+        || st->nodes == NULL || st->promoted == NULL
         || st->str_carrier == NULL || st->str_class == NULL
         || st->str_dtype == NULL || st->str_shape == NULL
         || st->str_clone == NULL || st->str_detach == NULL || st->str_derived == NULL) {

@@ -200,13 +200,135 @@ carrier_of(leapp_state *st, PyObject *obj)
     return (CarrierObject *)found;
 }
 
+/* A strong reference to the referent of weakref ref, or NULL (no error) when
+ * it is dead. */
+static PyObject *
+weak_target(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) < 0) {
+        PyErr_Clear();
+    }
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(ref); /* borrowed */
+    if (obj == NULL) {
+        PyErr_Clear(); /* not a weakref: nothing to give back */
+    }
+    return (obj == NULL || obj == Py_None) ? NULL : Py_NewRef(obj);
+#endif
+}
+
+/* Drop the dead weakrefs from st->promoted; the list may then grow to twice
+ * what is alive before the next pass, so the work stays linear. */
+static int
+promoted_compact(leapp_state *st)
+{
+    Py_ssize_t i, n = PyList_GET_SIZE(st->promoted);
+    PyObject *alive = PyList_New(0);
+    int rc = alive == NULL ? -1 : 0;
+    for (i = 0; rc == 0 && i < n; i++) {
+        PyObject *ref = PyList_GET_ITEM(st->promoted, i); /* borrowed */
+        PyObject *obj = weak_target(ref);
+        if (obj != NULL) {
+            rc = PyList_Append(alive, ref);
+            Py_DECREF(obj);
+        }
+    }
+    if (rc == 0) {
+        n = PyList_GET_SIZE(alive);
+        st->promoted_limit = 2 * n > 4096 ? 2 * n : 4096;
+        Py_SETREF(st->promoted, Py_NewRef(alive)); /* the old list is released */
+    }
+    Py_XDECREF(alive);
+    return rc;
+}
+
+/* Remember obj weakly, so stop() can make it a plain tensor again. */
+static int
+promoted_remember(leapp_state *st, PyObject *obj)
+{
+    PyObject *ref;
+    int rc;
+    if (st->promoted == NULL || !PyType_SUPPORTS_WEAKREFS(Py_TYPE(obj))) {
+        return 0;
+    }
+    if (PyList_GET_SIZE(st->promoted) >= st->promoted_limit && promoted_compact(st) < 0) {
+        return -1;
+    }
+    ref = PyWeakref_NewRef(obj, NULL);
+    if (ref == NULL) {
+        return -1;
+    }
+    rc = PyList_Append(st->promoted, ref);
+    Py_DECREF(ref);
+    return rc;
+}
+
+/* Forget obj's carrier and make it a plain torch.Tensor again, in place. */
+static int
+carrier_demote(leapp_state *st, PyObject *obj)
+{
+    PyObject **dictptr;
+    if (Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
+        return 0;
+    }
+    dictptr = _PyObject_GetDictPtr(obj);
+    if (dictptr != NULL && *dictptr != NULL) {
+        int present = PyDict_Contains(*dictptr, st->str_carrier);
+        if (present < 0 || (present == 1 && PyDict_DelItem(*dictptr, st->str_carrier) < 0)) {
+            return -1;
+        }
+    }
+    if (st->same_layout) {
+        /* The reverse of carrier_promote's type swap. */
+        Py_INCREF(st->tensor_type);
+        Py_SET_TYPE(obj, (PyTypeObject *)st->tensor_type);
+        Py_DECREF(st->traced_type); /* the instance's reference to its old type */
+        return 0;
+    }
+    return PyObject_SetAttr(obj, st->str_class, st->tensor_type);
+}
+
+Py_ssize_t
+carrier_release_all(leapp_state *st)
+{
+    PyObject *refs = st->promoted, *fresh = PyList_New(0); /* refs: taken from st */
+    Py_ssize_t i, n = 0, count = 0;
+    if (fresh == NULL) {
+        count = -1;
+        refs = NULL; /* st keeps its list */
+    }
+    else {
+        st->promoted = fresh;
+        st->promoted_limit = 4096;
+        n = refs != NULL ? PyList_GET_SIZE(refs) : 0;
+    }
+    for (i = 0; i < n && count >= 0; i++) {
+        PyObject *obj = weak_target(PyList_GET_ITEM(refs, i));
+        if (obj != NULL) {
+            if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type) {
+                count = carrier_demote(st, obj) < 0 ? -1 : count + 1;
+            }
+            Py_DECREF(obj);
+        }
+    }
+    Py_XDECREF(refs);
+    return count;
+}
+
 int
 carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
                PyObject *port, int declared)
 {
     int rc = -1;
     PyObject **dictptr = _PyObject_GetDictPtr(obj);
-    CarrierObject *c = PyObject_GC_New(CarrierObject, st->carrier_type);
+    CarrierObject *c;
+    if (promoted_remember(st, obj) < 0) {
+        return -1;
+    }
+    c = PyObject_GC_New(CarrierObject, st->carrier_type);
     if (c == NULL) {
         return -1;
     }
@@ -285,19 +407,7 @@ py_set_carrier(PyObject *module, PyObject *args)
 static PyObject *
 py_drop_carrier(PyObject *module, PyObject *obj)
 {
-    leapp_state *st = leapp_get_state(module);
-    PyObject **dictptr;
-    if (Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
-        Py_RETURN_NONE;
-    }
-    dictptr = _PyObject_GetDictPtr(obj);
-    if (dictptr != NULL && *dictptr != NULL) {
-        int present = PyDict_Contains(*dictptr, st->str_carrier);
-        if (present < 0 || (present == 1 && PyDict_DelItem(*dictptr, st->str_carrier) < 0)) {
-            return NULL;
-        }
-    }
-    if (PyObject_SetAttr(obj, st->str_class, st->tensor_type) < 0) {
+    if (carrier_demote(leapp_get_state(module), obj) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

@@ -615,6 +615,42 @@ done:
     return result;
 }
 
+/* An op from a thread that does not own the session.  It may read values of
+ * finished nodes (eagerly, plain results, the session untouched); an op on a
+ * value of a node still tracing, or an in-place write on any traced value, is
+ * refused: recorded, it would interleave with the owner's op log, and not
+ * recorded, its result would be baked into the graph as a constant. */
+static PyObject *
+trace_foreign(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+              PyObject *args, PyObject *kwargs)
+{
+    PyObject *name, *what = NULL;
+    if (w->active == NULL
+        && (w->first == NULL || (kind != OP_INPLACE && kind != OP_OVERWRITE))) {
+        return run_eager(st, func, types, args, kwargs);
+    }
+    name = PyObject_GetAttrString(func, "__name__");
+    if (name == NULL) {
+        PyErr_Clear();
+        name = PyObject_Repr(func);
+        if (name == NULL) {
+            goto done;
+        }
+    }
+    what = w->active != NULL
+               ? PyUnicode_FromFormat("the torch op '%S' on a traced value of node '%U'", name,
+                                      w->active->name)
+               : PyUnicode_FromFormat("the torch op '%S' (an in-place write on a traced value)",
+                                      name);
+    if (what != NULL) {
+        (void)leapp_refuse_thread(st, what);
+    }
+done:
+    Py_XDECREF(what);
+    Py_XDECREF(name);
+    return NULL;
+}
+
 /* torch_function(cls, func, types, args=(), kwargs=None): bound as the
  * classmethod TracedTensor.__torch_function__ by the facade. */
 static PyObject *
@@ -662,7 +698,10 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     if (kind < 0) {
         goto done;
     }
-    if (w.active != NULL) {
+    if (PyThread_get_thread_ident() != st->owner) {
+        result = trace_foreign(st, &w, kind, func, types, args, kwargs);
+    }
+    else if (w.active != NULL) {
         result = trace_active(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
     }
     else {

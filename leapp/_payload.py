@@ -64,33 +64,99 @@ def normalize(api: str, node: str, payload: Any) -> tuple[dict, dict[str, dict]]
     raise _payload_error(api, node, payload)
 
 
+_DONE = object()
+_NESTED = (dict, list, tuple)
+
+
+def _children(value: Any) -> Iterator[tuple[Any, Any]]:
+    """(key, item) pairs of a dict, (index, item) pairs of a list or tuple."""
+    return iter(value.items()) if isinstance(value, dict) else enumerate(value)
+
+
+def _cycle_error(path: list) -> ValueError:
+    return ValueError(f"The payload contains a reference cycle: the container at "
+                      f"{'/'.join(str(k) for k in path)} contains itself. Payloads are trees "
+                      f"of dicts, lists and tuples of tensors.")
+
+
 def flatten(values: dict, fields: dict[str, dict]) -> Iterator[Leaf]:
-    """Leaves in dict order; nested dict keys and list indices join with '_'."""
+    """Leaves in dict order; nested dict keys and list indices join with '_'.
+
+    The walk keeps its own stack, so any nesting depth a payload can have is
+    accepted (no RecursionError); a container that contains itself is refused.
+    """
     for key, value in values.items():
         yield from _walk(key, value, fields.get(key), (key,))
 
 
 def _walk(name: str, value: Any, semantics: dict | None, path: tuple) -> Iterator[Leaf]:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(f"{name}_{key}", item, semantics, path + (key,))
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from _walk(f"{name}_{index}", item, semantics, path + (index,))
-    else:
+    """Depth-first, in order: the leaves under value (value itself if not a container)."""
+    if not isinstance(value, _NESTED):
         yield Leaf(name, value, semantics, path)
+        return
+    parts, keys = [name], list(path)         # one entry per open container
+    stack, chain, open_ids = [_children(value)], [id(value)], {id(value)}
+    while stack:
+        child = next(stack[-1], _DONE)
+        if child is _DONE:
+            stack.pop()
+            open_ids.discard(chain.pop())
+            parts.pop()
+            keys.pop()
+            continue
+        key, item = child
+        if isinstance(item, _NESTED):
+            if id(item) in open_ids:
+                raise _cycle_error(keys + [key])
+            stack.append(_children(item))
+            chain.append(id(item))
+            open_ids.add(id(item))
+            parts.append(format(key, ""))
+            keys.append(key)
+        else:
+            yield Leaf("_".join(parts + [format(key, "")]), item, semantics, tuple(keys) + (key,))
+
+
+def _assemble(container: Any, pairs: list) -> Any:
+    if isinstance(container, dict):
+        return dict(pairs)
+    if isinstance(container, list):
+        return [v for _, v in pairs]
+    return tuple(v for _, v in pairs)
+
+
+def _rebuild_one(value: Any, path: tuple, replaced: dict[tuple, Any]) -> Any:
+    """value with the leaves in replaced swapped; containers rebuilt (dict, list, tuple)."""
+    if not isinstance(value, _NESTED):
+        return replaced.get(path, value)
+    keys = list(path)
+    # Frames: (container, its children, its rebuilt (key, value) pairs, its key).
+    stack = [(value, _children(value), [], None)]
+    open_ids = {id(value)}
+    while True:
+        container, items, pairs, own_key = stack[-1]
+        child = next(items, _DONE)
+        if child is _DONE:
+            stack.pop()
+            open_ids.discard(id(container))
+            result = _assemble(container, pairs)
+            if not stack:
+                return result
+            keys.pop()
+            stack[-1][2].append((own_key, result))
+            continue
+        key, item = child
+        if isinstance(item, _NESTED):
+            if id(item) in open_ids:
+                raise _cycle_error(keys + [key])
+            stack.append((item, _children(item), [], key))
+            open_ids.add(id(item))
+            keys.append(key)
+        else:
+            pairs.append((key, replaced.get(tuple(keys) + (key,), item) if replaced else item))
 
 
 def rebuild(values: dict, replaced: dict[tuple, Any]) -> Any:
     """values with leaves swapped by path; one entry gives its value, else a tuple."""
-    def walk(value: Any, path: tuple) -> Any:
-        if isinstance(value, dict):
-            return {k: walk(v, path + (k,)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v, path + (i,)) for i, v in enumerate(value)]
-        if isinstance(value, tuple):
-            return tuple(walk(v, path + (i,)) for i, v in enumerate(value))
-        return replaced.get(path, value)
-
-    out = [walk(v, (k,)) for k, v in values.items()]
+    out = [_rebuild_one(v, (k,), replaced) for k, v in values.items()]
     return out[0] if len(out) == 1 else tuple(out)

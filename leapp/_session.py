@@ -18,6 +18,7 @@ import inspect
 import os
 import sys
 import textwrap
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -115,8 +116,47 @@ def _port_names(node: Any, outputs: bool) -> list[str]:
     return [p.name for p in ports]
 
 
+def _thread_text(ident: int | None) -> str:
+    """'name' (ident N) of a live thread, for messages."""
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return f"'{thread.name}' (ident {ident})"
+    return f"ident {ident}"
+
+
+def check_session_thread(what: str) -> None:
+    """Refuse what (e.g. 'leapp.stop()') outside the thread owning the running session."""
+    owner = _core.session_thread()
+    if owner is None or owner == threading.get_ident():
+        return
+    if all(thread.ident != owner for thread in threading.enumerate()):
+        logger.warning("%s: the thread that started the session has ended; the session is "
+                       "handed to thread %s.", what, _thread_text(threading.get_ident()))
+        return
+    API.refuse_thread(what)
+
+
 class SessionAPI:
     """The annotations' implementation while a session runs (and their payload checks)."""
+
+    # ---- threads --------------------------------------------------------------
+
+    def refuse_thread(self, what: str) -> None:
+        """Raise the error for a session call from a thread that does not own it.
+
+        A session traces the thread that called leapp.start(): node contexts
+        and their op logs are per session, not per thread, so another thread's
+        annotations or ops on traced values would interleave with the owner's
+        records.  The C core calls this for annotations, @annotate.method calls
+        and traced ops coming from another thread while a session runs.
+        """
+        owner = _core.session_thread()
+        fatal(f"{what} was called from thread {_thread_text(threading.get_ident())} while the "
+              f"LEAPP tracing session belongs to thread {_thread_text(owner)}, the thread that "
+              f"called leapp.start(). A session traces one thread: run the annotated code, "
+              f"and the torch ops on its traced values, in that thread (several nodes may be "
+              f"traced there one after another), or call leapp.stop() there before other "
+              f"threads use the annotations.")
 
     # ---- node lookup ------------------------------------------------------
 
@@ -873,14 +913,15 @@ def _resolve_name(target: Callable, owner: Any, name: str) -> tuple[bool, Any]:
 
 
 def _has_tensor(value: Any) -> bool:
-    if isinstance(value, np.ndarray):
-        return True
-    if _is_tensor(value):
-        return True
-    if isinstance(value, dict):
-        return any(_has_tensor(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_tensor(v) for v in value)
+    """Whether a tensor lies anywhere in value (dicts, lists, tuples; any depth)."""
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if _is_tensor(item) or isinstance(item, np.ndarray):
+            return True
+        if isinstance(item, (dict, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
     return False
 
 
@@ -936,25 +977,25 @@ class _Mismatch(Exception):
 
 
 def _exact_match(source: Any, target: Any) -> None:
-    if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor):
-        a, b = plain(source), plain(target)
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
-                or not torch.equal(a, b):
-            raise _Mismatch(f"{_summary(a)} != {_summary(b)}")
-        return
-    if isinstance(source, dict) and isinstance(target, dict):
-        if list(source) != list(target):
-            raise _Mismatch(f"dict keys {list(source)} != {list(target)}")
-        for key in source:
-            _exact_match(source[key], target[key])
-        return
-    if isinstance(source, (list, tuple)) and isinstance(target, (list, tuple)):
-        if len(source) != len(target):
-            raise ValueError(f"list lengths {len(source)} != {len(target)}")
-        for a, b in zip(source, target):
-            _exact_match(a, b)
-        return
-    raise _Mismatch(f"{type(source).__name__} != {type(target).__name__}")
+    """Raise _Mismatch (or ValueError) at the first difference, depth first, in order."""
+    stack = [(source, target)]
+    while stack:
+        source, target = stack.pop()
+        if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor):
+            a, b = plain(source), plain(target)
+            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
+                    or not torch.equal(a, b):
+                raise _Mismatch(f"{_summary(a)} != {_summary(b)}")
+        elif isinstance(source, dict) and isinstance(target, dict):
+            if list(source) != list(target):
+                raise _Mismatch(f"dict keys {list(source)} != {list(target)}")
+            stack.extend((source[key], target[key]) for key in reversed(list(source)))
+        elif isinstance(source, (list, tuple)) and isinstance(target, (list, tuple)):
+            if len(source) != len(target):
+                raise ValueError(f"list lengths {len(source)} != {len(target)}")
+            stack.extend(reversed(list(zip(source, target))))
+        else:
+            raise _Mismatch(f"{type(source).__name__} != {type(target).__name__}")
 
 
 def _summary(t: torch.Tensor) -> str:
@@ -962,20 +1003,22 @@ def _summary(t: torch.Tensor) -> str:
 
 
 def _mirror(source: Any, target: Any) -> None:
-    if isinstance(source, torch.Tensor):
-        carrier = _core.carrier_of(source)
-        if carrier is None:
-            return
-        if type(target) is not torch.Tensor and type(target) is not TracedTensor:
-            raise TypeError(f"mirror_leapp_tags: cannot tag a {type(target).__name__}")
-        _core.set_carrier(target, carrier.node, carrier.vid, carrier.port, bool(carrier.declared))
-        return
-    if isinstance(source, dict):
-        for key in source:
-            _mirror(source[key], target[key])
-    elif isinstance(source, (list, tuple)):
-        for a, b in zip(source, target):
-            _mirror(a, b)
+    """Copy each tensor's provenance from source to target (same structure, any depth)."""
+    stack = [(source, target)]
+    while stack:
+        source, target = stack.pop()
+        if isinstance(source, torch.Tensor):
+            carrier = _core.carrier_of(source)
+            if carrier is None:
+                continue
+            if type(target) is not torch.Tensor and type(target) is not TracedTensor:
+                raise TypeError(f"mirror_leapp_tags: cannot tag a {type(target).__name__}")
+            _core.set_carrier(target, carrier.node, carrier.vid, carrier.port,
+                              bool(carrier.declared))
+        elif isinstance(source, dict):
+            stack.extend((source[key], target[key]) for key in reversed(list(source)))
+        elif isinstance(source, (list, tuple)):
+            stack.extend(reversed(list(zip(source, target))))
 
 
 API = SessionAPI()

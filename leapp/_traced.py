@@ -1,6 +1,7 @@
 """TracedTensor: the torch.Tensor subclass whose __torch_function__ is the C core's."""
 from __future__ import annotations
 
+import copy as _copy
 from typing import Any
 
 import torch
@@ -19,6 +20,37 @@ class TracedTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):  # pickles as the plain tensor it holds
         return plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict | None) -> torch.Tensor:
+        """A copy of the value: traced like clone() in its session, else a plain tensor.
+
+        torch's default __deepcopy__ refuses subclasses without new_empty();
+        while a session runs a traced value copies as clone() (a value of the
+        same node, or the same published port), with requires_grad kept;
+        otherwise the copy is the plain tensor's deepcopy.  The carrier is
+        never copied: provenance comes from the recorded clone.
+        """
+        memo = {} if memo is None else memo
+        found = memo.get(id(self))
+        if found is not None:
+            return found
+        if _core.carrier_of(self) is not None and _core.session_thread() is not None:
+            # Through the core like any op: recorded in the session's thread,
+            # refused in another one when the node is still tracing.
+            with torch.no_grad():
+                copy = self.clone()
+            if self.requires_grad:
+                with torch._C.DisableTorchFunctionSubclass():
+                    copy.requires_grad_(True)
+        else:
+            base = plain(self)
+            memo.setdefault(id(memo), []).append(base)  # its id stays unique in memo
+            copy = base.__deepcopy__(memo)
+        extra = {k: v for k, v in vars(self).items() if k != "_leapp_carrier"}
+        for key, value in extra.items():
+            setattr(copy, key, _copy.deepcopy(value, memo))
+        memo[id(self)] = copy
+        return copy
 
     def numpy(self, *, force: bool = False):
         """The values as an ndarray; inside a tracing session a traced array."""

@@ -14,7 +14,8 @@ import torch
 
 from . import _core, _logging
 from ._logging import fatal, logger, section
-from ._session import SessionConfig, _Current, info
+from ._session import SessionConfig, _Current, check_session_thread, info
+from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
 from .semantics import GraphConfigs
 
@@ -76,6 +77,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     _Current.config = SessionConfig(graph, directory, verbose, dry_run,
                                     frozenset(non_traced or ()), max_cached_io, global_patching,
                                     [patcher], strict=bool(strict))
+    _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
     LAST_COMPILE.clear()
     _core.set_tracing(True)
@@ -87,7 +89,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
 
 
 def _teardown_session() -> None:
-    """Put back module buffers and patched functions; tracing off."""
+    """Put back module buffers and patched functions; tracing off; traced tensors plain."""
     _core.set_tracing(False)
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
@@ -96,6 +98,11 @@ def _teardown_session() -> None:
     if cfg is not None:
         for patcher in cfg.patches:
             patcher.uninstall()
+    # The user's tensors promoted in place, and every traced value they hold,
+    # become plain torch.Tensors again: compile_graph() reads the nodes' op
+    # logs and ports, never the tensors' carriers.
+    released = _core.release_traced()
+    logger.debug("%d traced tensors made plain again", released)
 
 
 def stop() -> None:
@@ -103,6 +110,7 @@ def stop() -> None:
     if not _core.is_tracing():
         fatal("leapp.stop() called with no active tracing session — did you call "
               "leapp.start()?")
+    check_session_thread("leapp.stop()")
     _teardown_session()
 
 
@@ -302,6 +310,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         _publish(work_dir, cfg.save_dir, cfg.graph_name)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+        if not skip_export:
+            release_export_caches()  # repeated compiles keep memory flat
     _log_artifacts(cfg, nodes, exported)
     entries = [(n.name, exported[n.name].model if n.name in exported else None,
                 [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]

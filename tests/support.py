@@ -14,3 +14,8 @@ def upstream_python() -> str | None:
         if path and os.path.exists(path):
             return path
     return None
+
+
+def under_sanitizer() -> bool:
+    """Whether the suite runs under `make test-asan` (ASan's quarantine holds freed memory)."""
+    return os.environ.get("LEAPP_SANITIZED") == "1"

@@ -15,6 +15,7 @@ import shutil
 import weakref
 
 import pytest
+import support
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
@@ -882,9 +883,9 @@ def test_no_leak_over_20000_steps(tmp_path):
     gc.collect()
     assert len(gc.get_objects()) - objects < 50
     growth = rss_growth_per_step(steps, rss)
-    assert growth < LEAK_BOUND, (f"RSS grows {growth:.1f} bytes/step over {LEAK_STEPS} steps; "
-                                 f"samples (KiB above the first): "
-                                 f"{[(r - rss[0]) >> 10 for r in rss]}")
+    assert growth < LEAK_BOUND or support.under_sanitizer(), (  # ASan quarantines frees
+        f"RSS grows {growth:.1f} bytes/step over {LEAK_STEPS} steps; samples (KiB above the "
+        f"first): {[(r - rss[0]) >> 10 for r in rss]}")
     assert _refcount(x) == refs
     # error paths release what they took
     for _ in range(2000):
