@@ -106,6 +106,21 @@ def clean_stale(bundle: str, graph: str, live: Iterable[str] = ()) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def check_same_filesystem(bundle: str) -> None:
+    """Refuse a bundle directory that is a mount point: it cannot be swapped by rename."""
+    try:
+        own, parent = os.stat(bundle).st_dev, os.stat(os.path.dirname(bundle)).st_dev
+    except OSError:
+        return
+    if own != parent:
+        raise OSError(
+            errno.EXDEV,
+            f"The bundle directory {bundle} is a mount point (a different filesystem from "
+            f"its parent). leapp builds a new bundle beside the old one and swaps them with "
+            f"one rename, which cannot cross filesystems: mount the parent directory instead, "
+            f"or pass a save_path inside the mount.")
+
+
 def make_staging(bundle: str, graph: str, kind: str = "new") -> str:
     """A new empty directory beside bundle for graph's next bundle."""
     return tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-",

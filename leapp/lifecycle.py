@@ -316,6 +316,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     bundle = os.path.realpath(cfg.save_dir)
     graph = cfg.graph_name
     os.makedirs(os.path.dirname(bundle), exist_ok=True)
+    _publish.check_same_filesystem(bundle)
     _logging.detach()
     _publish.clean_stale(bundle, graph, _LIVE_STAGING)
     staging = _publish.make_staging(bundle, graph)

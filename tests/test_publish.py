@@ -6,6 +6,7 @@ the TorchScript depth guard; node names; 0-d tensors through every backend.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -420,3 +421,15 @@ def test_staging_names_parse_back():
         found = _publish._staged_for(root, os.path.basename(bundle))
         assert found == [(staging, os.getpid(), "new")]
         assert _publish._staged_for(root, "graph-with-dashes") == []
+
+
+def test_a_bundle_directory_that_is_a_mount_point_is_refused(small_disk):
+    root, graph = os.path.split(small_disk)
+    leapp.start(graph, save_path=root)
+    x = annotate.input_tensors("n", {"x": torch.ones(2)})
+    annotate.output_tensors("n", {"y": x * 2}, export_with="jit")
+    leapp.stop()
+    with pytest.raises(OSError, match="is a mount point") as info:
+        leapp.compile_graph(visualize=False)
+    assert info.value.errno == errno.EXDEV
+    assert _staging_left(root) == [] and os.listdir(small_disk) == ["log.txt"]
