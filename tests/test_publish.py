@@ -78,7 +78,7 @@ def _assert_v1(root: str, bundle: str, files: dict, outputs: dict) -> None:
     assert all(torch.equal(got[k], outputs[k]) for k in outputs)
 
 
-# ---- killed compiles ------------------------------------------------------------------------
+# ---- killed compiles ----------------------------------------------------------------------------
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
@@ -163,7 +163,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
-# ---- failing renames --------------------------------------------------------------------------
+# ---- failing renames ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("swap", [True, False], ids=["exchange", "two-renames"])
 def test_a_failing_rename_never_mixes_bundles(v1, monkeypatch, swap):
@@ -245,7 +245,7 @@ def test_full_disk_is_a_clean_error_and_keeps_the_old_bundle(small_disk):
     assert shutil.disk_usage(root).free == free
 
 
-# ---- what the bundle holds ---------------------------------------------------------------------
+# ---- what the bundle holds ----------------------------------------------------------------------
 
 def test_bundle_holds_the_files_of_its_latest_compile(tmp_path):
     root = str(tmp_path)
@@ -318,7 +318,7 @@ class _Triple(torch.nn.Module):
         return x * 3
 
 
-# ---- graphs TorchScript cannot run ----------------------------------------------------------------
+# ---- graphs TorchScript cannot run --------------------------------------------------------------
 
 def _chain(root: str, steps: int, backend: str) -> None:
     leapp.start(GRAPH, save_path=root)
@@ -368,7 +368,7 @@ def test_interpreter_depth_follows_the_interpreter():
     assert interpreter_depth(frozen[1].graph) == 60
 
 
-# ---- names and 0-d tensors ------------------------------------------------------------------------
+# ---- names and 0-d tensors ----------------------------------------------------------------------
 
 NAMES = ["ü", "日本", "node-é", "class", "None"]
 
