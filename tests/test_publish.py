@@ -113,8 +113,10 @@ CHILD = textwrap.dedent("""
 def test_killed_compile_leaves_a_whole_bundle(v1, phase):
     root, bundle, files, outputs = v1
     script = CHILD.format(root=ROOT, tests=TESTS, phase=phase, save=root)
+    private = os.path.join(root, "tmp")  # the killed session's private log lands here
+    os.mkdir(private)
     child = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
-                           text=True, timeout=300)
+                           text=True, timeout=300, env=dict(os.environ, TMPDIR=private))
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     left = _staging_left(root)
     if phase == "between-renames":  # no bundle at the path now; the next compile repairs
