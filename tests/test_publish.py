@@ -435,3 +435,20 @@ def test_a_bundle_directory_that_is_a_mount_point_is_refused(small_disk):
         leapp.compile_graph(visualize=False)
     assert info.value.errno == errno.EXDEV
     assert _staging_left(root) == [] and os.listdir(small_disk) == ["log.txt"]
+
+
+def test_trace_check_never_runs_a_graph_too_deep(tmp_path, monkeypatch):
+    """torch.jit.trace's check runs the graph: the guard comes first."""
+    import leapp.backends.jit as jit_backend
+    monkeypatch.setattr(jit_backend, "MAX_INTERPRETER_DEPTH", 100)
+    real, checks = torch.jit.trace, []
+
+    def trace(*args, **kwargs):
+        checks.append(kwargs.get("check_trace", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.jit, "trace", trace)
+    _chain(str(tmp_path), 60, "jit-trace")
+    with pytest.raises(RuntimeError, match="chain of 120 dependent operations"):
+        leapp.compile_graph(visualize=False)
+    assert checks == [False]

@@ -9,7 +9,8 @@ the model: a segmentation fault, not an exception.  With an 8 MiB stack the
 overflow comes at about 11,000 links.  export() measures the frozen graph's
 deepest chain the same way the interpreter does and refuses a node above
 MAX_INTERPRETER_DEPTH, naming the node and the backend, before any file is
-written; onnx and pt2 run such graphs without recursion.
+written (for jit-trace before torch.jit.trace's own check runs the graph);
+onnx and pt2 run such graphs without recursion.
 """
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     inputs = prepare_inputs(example_inputs)
     module = module.eval()
     if name == "jit-trace":
-        scripted = torch.jit.trace(module, tuple(inputs), **params)
+        # torch.jit.trace's check_trace runs the traced graph in the interpreter:
+        # measure it first, unchecked, and trace again with the checks only then.
+        scripted = torch.jit.trace(module, tuple(inputs), **dict(params, check_trace=False))
+        check_interpreter_depth(node, name, scripted.graph)
+        if params.get("check_trace", True):
+            scripted = torch.jit.trace(module, tuple(inputs), **params)
     else:
         scripted = torch.jit.script(module)
     frozen = torch.jit.freeze(scripted.eval())
