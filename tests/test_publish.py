@@ -221,7 +221,9 @@ def small_disk(tmp_path):
     try:
         yield point
     finally:
-        subprocess.run(["umount", point], capture_output=True)
+        _logging.close()  # the session's log.txt may be open on the mount
+        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", point], capture_output=True)
 
 
 def test_full_disk_is_a_clean_error_and_keeps_the_old_bundle(small_disk):
