@@ -6,6 +6,8 @@ the module.  Exporters consume the GraphModule.
 """
 from __future__ import annotations
 
+import builtins
+import keyword
 import operator
 from typing import Any
 
@@ -157,13 +159,32 @@ class _Builder:
         results = [self.env[v] for v in output_vids]
         self.graph.output(results[0] if len(results) == 1 else tuple(results))
         self.graph.lint()
-        return fx.GraphModule(self.root, self.graph, class_name=_safe_name(self.node.name, set()))
+        # The class name is fixed: TorchScript names the saved class after it and
+        # torch.jit.load accepts ASCII identifiers only, while a node may be named
+        # anything the YAML can hold ('ü', 'class', 'node-é').
+        return fx.GraphModule(self.root, self.graph, class_name=GRAPH_CLASS_NAME)
+
+
+GRAPH_CLASS_NAME = "GraphModule"
+
+# Names the generated forward() already uses: its `self`, the globals of fx's
+# generated code (a port called `torch` would shadow the module) and builtins.
+_RESERVED = frozenset({"self", "torch", "operator", "builtins", "math", "inf", "nan", "device",
+                       "fx_pytree", "pytree"}) | frozenset(dir(builtins))
 
 
 def _safe_name(name: str, used: set[str]) -> str:
-    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "x"
+    """An ASCII Python identifier for name (not a keyword), unique within used.
+
+    Placeholder names become argument names of the generated forward() and of
+    TorchScript code, which accept neither keywords nor non-ASCII letters.
+    """
+    text = "".join(c if (c.isascii() and c.isalnum()) or c == "_" else "_" for c in name) \
+        or "x"
     if text[0].isdigit():
         text = "_" + text
+    if keyword.iskeyword(text) or keyword.issoftkeyword(text) or text in _RESERVED:
+        text += "_"
     candidate, k = text, 1
     while candidate in used:
         candidate, k = f"{text}_{k}", k + 1

@@ -24,9 +24,12 @@ Rules (docs/api.md, "Logging"):
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from typing import NoReturn
 
 SECTION = 25
@@ -48,7 +51,8 @@ _COLOURS = {
 
 class _State:
     file_handler: logging.Handler | None = None
-    path: str | None = None
+    path: str | None = None      # <bundle>/log.txt, the log's final place
+    private: str | None = None   # the session's own file while not writing in place
     verbose: bool = False
 
 
@@ -139,15 +143,49 @@ def _install(log: logging.Logger) -> logging.Logger:
 logger = _install(logging.getLogger("leapp"))
 
 
+
+def holds_bundle(directory: str) -> bool:
+    """Whether directory holds a compiled bundle (a YAML) whose log.txt is not ours yet."""
+    try:
+        return any(name.endswith(".yaml") for name in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _private_file() -> str:
+    handle, path = tempfile.mkstemp(prefix="leapp-session-", suffix=".log")
+    os.close(handle)
+    return path
+
+
+def _open(path: str, mode: str) -> None:
+    """Point the file handler at path (mode "w" or "a")."""
+    handler = logging.FileHandler(path, mode=mode, encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    old = _State.file_handler
+    if old is not None:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    _State.file_handler = handler
+
+
 def configure(directory: str, verbose: bool) -> None:
-    """Send every record to <directory>/log.txt (truncated); set the console verbosity."""
+    """Send every record to <directory>/log.txt; set the console verbosity.
+
+    When directory already holds a compiled bundle, its log.txt belongs to that
+    bundle until a compile replaces it: the session logs to a file of its own,
+    which compile_graph() publishes as log.txt with the new bundle.
+    """
     close()
     path = os.path.join(directory, "log.txt")
-    file_handler = logging.FileHandler(path, mode="w", encoding="utf-8")
-    file_handler.setLevel(logging.DEBUG)
-    file_handler.setFormatter(logging.Formatter(_FORMAT))
-    logger.addHandler(file_handler)  # routed by the logger class, never twice
-    _State.file_handler, _State.path = file_handler, path
+    _State.path = path
+    if holds_bundle(directory):
+        _State.private = _private_file()
+        _open(_State.private, "w")
+    else:
+        _open(path, "w")
     set_verbose(verbose)
 
 
@@ -156,17 +194,74 @@ def set_verbose(verbose: bool) -> None:
     _State.verbose = bool(verbose)
 
 
-def close() -> None:
-    """Close log.txt of the previous session."""
+def _current_file() -> str | None:
     handler = _State.file_handler
-    _State.file_handler = _State.path = None
+    return handler.baseFilename if handler is not None else None
+
+
+def detach() -> None:
+    """Log to a private copy from now on (compile_graph: nothing goes into the bundle)."""
+    current = _current_file()
+    if current is None or _State.private is not None:
+        return
+    private = _private_file()
+    _State.file_handler.flush()
+    shutil.copyfile(current, private)
+    _open(private, "a")
+    _State.private = private
+
+
+def snapshot(destination: str) -> None:
+    """Copy the session's log so far to destination."""
+    current = _current_file()
+    if current is None:
+        return
+    _State.file_handler.flush()
+    shutil.copyfile(current, destination)
+
+
+def attach(path: str, copy: bool = False) -> None:
+    """Log into path (the committed bundle's log.txt) again; drop the private file.
+
+    copy: write the private file's content to path first (path holds no bundle's log).
+    """
+    private = _State.private
+    if private is None or _State.file_handler is None:
+        return
+    if copy:
+        snapshot(path)
+    _open(path, "a")
+    _State.private = None
+    _remove(private)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def close() -> None:
+    """Close log.txt (or the private log) of the previous session."""
+    handler = _State.file_handler
     if handler is not None:
         logger.removeHandler(handler)
         handler.close()
+    if _State.private is not None:
+        _remove(_State.private)
+    _State.file_handler = _State.path = _State.private = None
+
+
+@atexit.register
+def _drop_private() -> None:
+    """A session's private log is never published after the process ends."""
+    if _State.private is not None:
+        _remove(_State.private)
 
 
 def log_path() -> str | None:
-    """Where log.txt is being written, if a session configured it."""
+    """Where log.txt ends up (<bundle>/log.txt), if a session configured it."""
     return _State.path
 
 

@@ -6,18 +6,18 @@ import os
 import platform
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
 import torch
 
-from . import _core, _logging
+from . import _core, _logging, _publish
 from ._logging import fatal, logger, section
 from ._session import SessionConfig, _Current, check_session_thread, info
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
 from .semantics import GraphConfigs
+from .validation import SavedModel, run_validation
 
 __config_version__ = "1.3"
 
@@ -229,7 +229,9 @@ def _flow_pipeline(pipeline: dict) -> dict:
     }
 
 
-def _save_initial_values(nodes: list, pipeline: dict, work_dir: str, graph: str) -> str | None:
+def _save_initial_values(nodes: list, pipeline: dict, work_dir: str, bundle: str,
+                         graph: str) -> str | None:
+    """Write <graph>_initial_values.safetensors into work_dir; its name, or None."""
     if not pipeline["feedback_flow"]:
         return None
     from safetensors.torch import save_file
@@ -239,16 +241,75 @@ def _save_initial_values(nodes: list, pipeline: dict, work_dir: str, graph: str)
         for key in targets:
             tensors[key] = by_key[key].value.contiguous()
     filename = f"{graph}_initial_values.safetensors"
-    path = os.path.join(work_dir, filename)
-    logger.info("Saving feedback initial values to %s", path)
-    save_file(tensors, path)
+    logger.info("Saving feedback initial values to %s", os.path.join(bundle, filename))
+    save_file(tensors, os.path.join(work_dir, filename))
     return filename
+
+
+def _checkpoint(phase: str) -> None:
+    """A named point of compile_graph() (a no-op; tests interrupt compiles here).
+
+    Phases, in order: "staged" (the staging directory exists), "exported" (every
+    node written), "written" (YAML, initial values, PNG, carried files),
+    "validated", "ready" (log.txt written: the next step is the commit) and
+    "committed" (the new bundle is in place, the old one not yet removed).
+    """
+
+
+def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_export: bool,
+           visualize: bool, graph_configs: GraphConfigs | None) -> tuple[dict, dict, dict]:
+    """Write the whole new bundle into staging; (exported, models, pipeline)."""
+    exported = {} if skip_export else _export_nodes(nodes, staging)
+    _checkpoint("exported")
+    section("Processing Node Connections Using Traced Output Ports")
+    built = _core.build_pipeline(nodes)
+    for level, message in built["messages"]:
+        getattr(logger, level)(message)
+    pipeline: dict = {}
+    if graph_configs is not None:
+        pipeline["configs"] = graph_configs.to_yaml()
+    pipeline["data_flow"] = built["data_flow"]
+    pipeline["feedback_flow"] = built["feedback_flow"]
+    initial = None if skip_export else _save_initial_values(
+        nodes, built, staging, bundle, cfg.graph_name)
+    if initial is not None:
+        pipeline["initial_values"] = initial
+    pipeline["inputs"] = built["inputs"]
+    pipeline["outputs"] = built["outputs"]
+    section(f"Compiling graph parameters for {len(nodes)} nodes")
+    models = {n.name: _model_entry(n, exported.get(n.name), bundle, staging) for n in nodes}
+    stats = built["statistics"]
+    section("Graph Statistics")
+    logger.info("- Computation nodes: %d", stats["computation_nodes"])
+    logger.info("- Dangling inputs: %d", stats["dangling_inputs"])
+    logger.info("- Dangling outputs: %d", stats["dangling_outputs"])
+    logger.info("- Internal connections: %d", stats["internal_connections"])
+    logger.info("- Total edges: %d", stats["total_edges"])
+    document = [{"models": models}, {"pipeline": _flow_pipeline(pipeline)},
+                {"system information": system_information()}]
+    text = _core.emit_yaml(document)
+    with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
+        handle.write(text)
+    if visualize:
+        _visualize(staging, bundle, cfg.graph_name, models, pipeline)
+    written = os.listdir(staging)
+    in_place: set[str] = set()
+    for entry in models.values():
+        in_place |= _publish.inside(entry["parameters"]["model_path"])
+    _publish.carry_foreign(bundle, staging, cfg.graph_name, in_place)
+    _publish.finish_modes(staging, bundle, written + ["log.txt"])
+    return exported, models, pipeline
 
 
 def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
                   dry_run: bool = False, rtol: float = 1e-3, atol: float = 1e-5,
                   strict: bool = True, graph_configs: GraphConfigs | None = None) -> Any:
     """Export every node, write the YAML, the initial values, the PNG and validate.
+
+    The new bundle is built beside the old one and validated there, each model
+    loaded as InferenceManager loads it; then it replaces the old bundle in one
+    step (leapp._publish).  An error before that leaves the old bundle as it was;
+    a full disk raises BundleWriteError (an OSError) naming the bundle.
 
     Returns {node: True | False | exception} when validating (a CompileResult: a
     dict that also displays inline in notebooks), else True.
@@ -270,96 +331,97 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
               f"you forget to call output_tensors() or finish the annotated function?")
     nodes = sorted(all_nodes, key=lambda n: n.node_index)
     skip_export = cfg.dry_run or dry_run
-    os.makedirs(cfg.save_dir, exist_ok=True)
-    work_dir = os.path.abspath(tempfile.mkdtemp(prefix=".leapp-", dir=cfg.save_dir))
+    bundle = os.path.realpath(cfg.save_dir)
+    graph = cfg.graph_name
+    os.makedirs(os.path.dirname(bundle), exist_ok=True)
+    _publish.check_same_filesystem(bundle)
+    _logging.detach()
+    _publish.clean_stale(bundle, graph, _LIVE_STAGING)
+    staging = _publish.make_staging(bundle, graph)
+    _LIVE_STAGING.add(staging)
+    committed = False
+    results: dict = {}
+    failure = None
     try:
-        exported = {} if skip_export else _export_nodes(nodes, work_dir)
-        section("Processing Node Connections Using Traced Output Ports")
-        built = _core.build_pipeline(nodes)
-        for level, message in built["messages"]:
-            getattr(logger, level)(message)
-        pipeline: dict = {}
-        if graph_configs is not None:
-            pipeline["configs"] = graph_configs.to_yaml()
-        pipeline["data_flow"] = built["data_flow"]
-        pipeline["feedback_flow"] = built["feedback_flow"]
-        initial = None if skip_export else _save_initial_values(
-            nodes, built, work_dir, cfg.graph_name)
-        if initial is not None:
-            pipeline["initial_values"] = initial
-        pipeline["inputs"] = built["inputs"]
-        pipeline["outputs"] = built["outputs"]
-        section(f"Compiling graph parameters for {len(nodes)} nodes")
-        models = {n.name: _model_entry(n, exported.get(n.name), cfg.save_dir, work_dir)
-                  for n in nodes}
-        stats = built["statistics"]
-        section("Graph Statistics")
-        logger.info("- Computation nodes: %d", stats["computation_nodes"])
-        logger.info("- Dangling inputs: %d", stats["dangling_inputs"])
-        logger.info("- Dangling outputs: %d", stats["dangling_outputs"])
-        logger.info("- Internal connections: %d", stats["internal_connections"])
-        logger.info("- Total edges: %d", stats["total_edges"])
-        document = [{"models": models}, {"pipeline": _flow_pipeline(pipeline)},
-                    {"system information": system_information()}]
-        text = _core.emit_yaml(document)
-        with open(os.path.join(work_dir, f"{cfg.graph_name}.yaml"), "w",
-                  encoding="utf-8") as handle:
-            handle.write(text)
-        if visualize:
-            _visualize(work_dir, cfg.graph_name, models, pipeline)
-        _publish(work_dir, cfg.save_dir, cfg.graph_name)
+        _checkpoint("staged")
+        try:
+            exported, models, pipeline = _stage(cfg, nodes, staging, bundle, skip_export,
+                                                visualize, graph_configs)
+            _checkpoint("written")
+            entries = [(n.name, SavedModel(n.name, models[n.name], staging)
+                        if n.name in exported and exported[n.name].path else None,
+                        list(n.inputs), list(n.outputs)) for n in nodes]
+            if validate and not skip_export:
+                results, failure = run_validation(entries, rtol, atol)
+                if strict and failure is not None:
+                    logger.log(_logging.FATAL, failure)
+            _checkpoint("validated")
+            _log_artifacts(cfg, bundle, nodes, exported, models)
+            _logging.snapshot(os.path.join(staging, "log.txt"))
+            _checkpoint("ready")
+            _publish.commit(staging, bundle, graph)
+        except Exception as exc:
+            if _publish.disk_full(exc):
+                error = _publish.full_disk_error(bundle, exc)
+                logger.log(_logging.FATAL, str(error))
+                raise error from exc
+            raise
+        committed = True
+        _checkpoint("committed")
     finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        _LIVE_STAGING.discard(staging)
+        log_file = os.path.join(bundle, "log.txt")
+        if committed:
+            _logging.attach(log_file)
+        elif os.path.isdir(bundle) and not _logging.holds_bundle(bundle):
+            _logging.attach(log_file, copy=True)  # no bundle there to protect
         if not skip_export:
             release_export_caches()  # repeated compiles keep memory flat
-    _log_artifacts(cfg, nodes, exported)
-    entries = [(n.name, exported[n.name].model if n.name in exported else None,
-                [p for p in n.inputs], [p for p in n.outputs]) for n in nodes]
+    for _, model, _, _ in entries:
+        if isinstance(model, SavedModel):
+            model.yaml_dir = bundle  # the committed files
     LAST_COMPILE.clear()
     LAST_COMPILE.update(models=models, pipeline=_flow_pipeline(pipeline),
                         entries=None if skip_export or validate else entries)
     if skip_export or not validate:
         return True
-    from .validation import validate_models
+    if strict and failure is not None:
+        raise Exception(failure)
     from ._result import compile_result
-    return compile_result(validate_models(entries, rtol=rtol, atol=atol, strict=strict),
-                          cfg.graph_name, cfg.save_dir, models,
+    return compile_result(results, cfg.graph_name, cfg.save_dir, models,
                           {name: e.seconds for name, e in exported.items()}, visualize)
 
 
-def _visualize(work_dir: str, graph: str, models: dict, pipeline: dict) -> None:
+# Staging directories of compiles running in this process (never "stale").
+_LIVE_STAGING: set[str] = set()
+
+
+def _visualize(work_dir: str, bundle: str, graph: str, models: dict, pipeline: dict) -> None:
     path = os.path.join(work_dir, f"{graph}.png")
     try:
         from .visualization import render_pipeline
         render_pipeline(path, graph, models, pipeline)
-        logger.info("Graph visualization saved as: %s", path)
+        logger.info("Graph visualization saved as: %s", os.path.join(bundle, f"{graph}.png"))
     except Exception as exc:  # the bundle is still useful without its picture
+        if _publish.disk_full(exc):
+            raise
         logger.error("Graph visualization failed for '%s': %s: %s", graph,
                      type(exc).__name__, exc)
 
 
-def _publish(work_dir: str, bundle_dir: str, graph: str) -> None:
-    """Move the finished files into the bundle, the YAML last, each atomically."""
-    yaml_name = f"{graph}.yaml"
-    names = sorted(os.listdir(work_dir), key=lambda n: n == yaml_name)
-    for name in names:
-        os.replace(os.path.join(work_dir, name), os.path.join(bundle_dir, name))
-
-
-def _log_artifacts(cfg: SessionConfig, nodes: list, exported: dict) -> None:
+def _log_artifacts(cfg: SessionConfig, bundle: str, nodes: list, exported: dict,
+                   models: dict) -> None:
+    """Log where the bundle's files will be once committed (final paths)."""
     directory = os.path.abspath(cfg.save_dir)
     lines = ["LEAPP export artifacts saved:", f"Export directory: {directory}",
              f"Graph YAML: {directory}/{cfg.graph_name}.yaml"]
-    saved = [(n.name, exported[n.name].path) for n in nodes
+    saved = [(n.name, models[n.name]["parameters"]["model_path"]) for n in nodes
              if n.name in exported and exported[n.name].path]
     if saved:
         lines.append("Models:")
-        # Files written in the (now removed) work dir moved into the bundle; a
-        # referenced BYOM file stays where it is.
-        for name, path in saved:
-            shown = os.path.abspath(path) if os.path.exists(path) \
-                else os.path.join(directory, os.path.basename(path))
-            lines.append(f"- {name}: {shown}")
+        for name, path in saved:  # relative to the bundle, or a BYOM file's own path
+            lines.append(f"- {name}: {os.path.normpath(os.path.join(directory, path))}")
     else:
         lines.append("Models: none")
     missing = [n.name for n in nodes if n.name not in dict(saved)]

@@ -1,6 +1,8 @@
 """Validation of exported nodes against the values seen while tracing.
 
-Every exported node runs on its first traced example (sample 0: the ports'
+Each node is validated as it ships: its saved file is loaded from the bundle
+with InferenceManager's own loader (SavedModel), checksum included, and that
+loaded model runs on its first traced example (sample 0: the ports'
 `.value`) and on each cached re-entry example (sample 1, 2, ...: the ports'
 `.samples`).  Per example: the output count, then per output NaN/Inf on either
 side, shape and dtype, and torch.allclose(rtol, atol); a numeric mismatch logs
@@ -9,7 +11,7 @@ closes the run; strict=True raises when any node failed.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -26,6 +28,28 @@ PERCENTILES = (("p50", 0.50), ("p75", 0.75), ("p90", 0.90), ("p99", 0.99), ("p99
 # torch.quantile refuses inputs larger than this; beyond it the same linear
 # interpolation is done on a sorted copy.
 _QUANTILE_MAX = 1 << 24
+
+
+class SavedModel:
+    """A node's saved model, loaded on first use exactly as InferenceManager loads it.
+
+    description is the node's entry of the bundle's YAML ("models" document) and
+    yaml_dir the directory its model_path is relative to.
+    """
+
+    def __init__(self, name: str, description: dict, yaml_dir: str) -> None:
+        self.name = name
+        self.description = description
+        self.yaml_dir = yaml_dir
+
+    def load(self) -> tuple[Callable[..., Any], str]:
+        """(the loaded model's call, its device)."""
+        from .inference_manager import InferenceNode
+        node = InferenceNode(self.name, self.description, self.yaml_dir)
+        return node.call, node.device
+
+    def __repr__(self) -> str:
+        return f"SavedModel({self.name!r}, {self.yaml_dir!r})"
 
 
 class _Example:
@@ -153,10 +177,15 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
                    rtol: float, atol: float) -> tuple[bool, str | None]:
     """(passed, hint) for one node over all of its examples."""
     examples = _examples(inputs, outputs)
+    device = None
+    if isinstance(model, SavedModel):
+        model, device = model.load()
     passed = []
     for example in examples:
+        args = example.inputs if device is None else [
+            t.to(device) if isinstance(t, torch.Tensor) else t for t in example.inputs]
         with torch.no_grad():
-            got = _as_tuple(model(*example.inputs))
+            got = _as_tuple(model(*args))
         if len(got) != len(example.outputs):
             logger.error("%s sample %d: Output count mismatch - got %d, expected %d", name,
                          example.index, len(got), len(example.outputs))
@@ -181,15 +210,25 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
 def validate_models(entries: list, rtol: float, atol: float, strict: bool) -> dict:
     """entries: (node, model or None, input ports, output ports) -> {node: result}.
 
-    A result is True (passed or nothing to run), False (a mismatch) or the
-    exception raised while running the node.
+    model is a SavedModel (loaded here as InferenceManager loads it) or a
+    callable.  A result is True (passed or nothing to run), False (a mismatch)
+    or the exception raised while loading or running the node.  strict=True
+    raises when a node did not pass.
     """
+    results, failure = run_validation(entries, rtol, atol)
+    if strict and failure is not None:
+        fatal(failure, Exception)
+    return results
+
+
+def run_validation(entries: list, rtol: float, atol: float) -> tuple[dict, str | None]:
+    """({node: result}, the strict-mode failure message or None); raises nothing."""
     results: dict[str, Any] = {}
     hints: dict[str, str] = {}
     section(f"Validating {len(entries)} models")
     if not entries:
         logger.error("No nodes to validate")
-        return results
+        return results, None
     for name, model, inputs, outputs in entries:
         logger.info("Validating %s...", name)
         if model is None:
@@ -215,9 +254,9 @@ def validate_models(entries: list, rtol: float, atol: float, strict: bool) -> di
     if errors:
         logger.error("  Errors: %d/%d", len(errors), total)
     bad = [n for n, r in results.items() if r is not True]
-    if strict and bad:
-        message = f"Model validation failed for {len(bad)} node(s): {bad}"
-        if hints:
-            message += "\n\n" + "\n".join(f"{node}: {hint}" for node, hint in hints.items())
-        fatal(message, Exception)
-    return results
+    if not bad:
+        return results, None
+    message = f"Model validation failed for {len(bad)} node(s): {bad}"
+    if hints:
+        message += "\n\n" + "\n".join(f"{node}: {hint}" for node, hint in hints.items())
+    return results, message

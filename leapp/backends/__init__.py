@@ -1,13 +1,15 @@
 """Export backends: one module per backend, chosen by export_with.
 
 Every backend takes a node's torch.fx.GraphModule with its example inputs and
-returns an Exported: the in-memory model used for validation, the file it
-wrote, the final port names (ONNX may rename or drop ports) and the extra
-YAML parameters.
+returns an Exported: the file it wrote, the final port names (ONNX may rename or
+drop ports), the extra YAML parameters and, where one is at hand, the in-memory
+model.  Validation never runs that in-memory model: it reloads the saved file
+with InferenceManager's loader (leapp.validation.SavedModel).
 """
 from __future__ import annotations
 
 import importlib
+import io
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,7 +40,7 @@ BACKENDS = {
 
 @dataclass
 class Exported:
-    """What a backend produced for one node."""
+    """What a backend produced for one node (model: in memory, None when not kept)."""
 
     model: Callable[..., Any] | None
     path: str | None
@@ -89,6 +91,19 @@ def export_node(node: str, export_with: str | None, backend_params: dict | None,
     backend = importlib.import_module(f"{__name__}.{BACKENDS[name][0]}")
     return backend.export(node, name, dict(backend_params or {}), module, example_inputs,
                           list(input_names), list(output_names), out_dir)
+
+
+def save_via_memory(save: Callable[[Any], None], path: str) -> None:
+    """save(file object) into memory, then the bytes to path with ordinary file I/O.
+
+    torch's zip writer (torch.jit.save, torch.export.save) aborts the process
+    when a write fails (a full disk): serialising into memory first turns that
+    into an OSError from the file write.
+    """
+    buffer = io.BytesIO()
+    save(buffer)
+    with open(path, "wb") as handle:
+        handle.write(buffer.getbuffer())
 
 
 def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:

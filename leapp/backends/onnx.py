@@ -6,7 +6,7 @@ port) becomes `<name>_in` / `<name>_out`, and the new names are returned so the
 YAML, the wiring and the initial values follow.  Inputs the exporter removed
 are reported and returned as dropped; inputs it renamed are an error.
 
-The saved file is run in onnxruntime (CPU) for validation.
+Validation runs the saved file through InferenceManager's loader.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
         onnx.checker.check_model(path)
     except Exception as exc:  # the file is still useful; the runtime decides
         logger.warning("ONNX model validation warning (model still saved): %s", exc)
-    return Exported(model=OnnxRuntimeModel(path), path=path, yaml_backend="onnx",
+    # No session here: validation loads the saved file the way InferenceManager does.
+    return Exported(model=None, path=path, yaml_backend="onnx",
                     input_names=input_names, output_names=output_names,
                     parameters={"opset_version": opset}, dropped_inputs=dropped)
 
@@ -249,7 +250,8 @@ def _to_numpy(value: Any) -> Any:
             tensor = tensor.cpu()
         if hasattr(tensor, "resolve_conj"):
             tensor = tensor.resolve_conj().resolve_neg()
-        return np.ascontiguousarray(tensor.numpy())
+        # np.ascontiguousarray would give a 0-d tensor a dimension (ndim >= 1).
+        return np.require(tensor.numpy(), requirements="C")
     return np.asarray(value)
 
 

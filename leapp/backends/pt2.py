@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from . import Exported, prepare_inputs
+from . import Exported, prepare_inputs, save_via_memory
 
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
@@ -16,7 +16,7 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     kwargs = {"strict": bool(params["strict"])} if params.get("strict") is not None else {}
     program = torch.export.export(module.eval(), inputs, **kwargs)
     path = os.path.join(out_dir, f"{node}.pt2")
-    torch.export.save(program, path)
+    save_via_memory(lambda handle: torch.export.save(program, handle), path)
     return Exported(model=program.module(), path=path, yaml_backend="pt2",
                     input_names=input_names, output_names=output_names,
                     parameters={"torch_version": str(torch.__version__)})
