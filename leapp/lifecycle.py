@@ -348,7 +348,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
             exported, models, pipeline = _stage(cfg, nodes, staging, bundle, skip_export,
                                                 visualize, graph_configs)
             _checkpoint("written")
-            entries = [(n.name, SavedModel(n.name, models[n.name], staging)
+            entries = [(n.name, SavedModel(n.name, models[n.name], staging,
+                                           allow_external=exported[n.name].external)
                         if n.name in exported and exported[n.name].path else None,
                         list(n.inputs), list(n.outputs)) for n in nodes]
             if validate and not skip_export:

@@ -34,18 +34,22 @@ class SavedModel:
     """A node's saved model, loaded on first use exactly as InferenceManager loads it.
 
     description is the node's entry of the bundle's YAML ("models" document) and
-    yaml_dir the directory its model_path is relative to.
+    yaml_dir the directory its model_path is relative to; allow_external is set
+    for a bring-your-own model the user chose to reference outside the bundle.
     """
 
-    def __init__(self, name: str, description: dict, yaml_dir: str) -> None:
+    def __init__(self, name: str, description: dict, yaml_dir: str,
+                 allow_external: bool = False) -> None:
         self.name = name
         self.description = description
         self.yaml_dir = yaml_dir
+        self.allow_external = allow_external
 
     def load(self) -> tuple[Callable[..., Any], str]:
         """(the loaded model's call, its device)."""
         from .inference_manager import InferenceNode
-        node = InferenceNode(self.name, self.description, self.yaml_dir)
+        node = InferenceNode(self.name, self.description, self.yaml_dir,
+                             allow_external_paths=self.allow_external)
         return node.call, node.device
 
     def __repr__(self) -> str:

@@ -724,9 +724,10 @@ UPSTREAM_SCRIPT = textwrap.dedent("""
 
 
 def _without_checksums(value):
+    """Checksums dropped; the implementation's own version (e.g. 0.7.2+c1) masked."""
     if isinstance(value, dict):
-        return {k: _without_checksums(v) for k, v in value.items()
-                if k not in ("md5sum", "sha256sum")}
+        return {k: "<version>" if k == "leapp version" else _without_checksums(v)
+                for k, v in value.items() if k not in ("md5sum", "sha256sum")}
     if isinstance(value, list):
         return [_without_checksums(v) for v in value]
     return value

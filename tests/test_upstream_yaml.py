@@ -32,7 +32,10 @@ def _run(python: str, script: str, out: str) -> None:
 
 
 def _without_checksums(text: str) -> str:
-    return re.sub(r"(md5sum|sha256sum): [0-9a-f]+", r"\1: <hash>", text)
+    """The YAML text with checksums and the implementation's own version masked
+    (this build records a distinct version, e.g. 0.7.2+c1)."""
+    text = re.sub(r"(md5sum|sha256sum): [0-9a-f]+", r"\1: <hash>", text)
+    return re.sub(r"(?m)^(  leapp version: ).*$", r"\1<version>", text)
 
 
 @pytest.mark.parametrize("script", sorted(PIPELINES))

@@ -50,6 +50,7 @@ class Exported:
     parameters: dict = field(default_factory=dict)
     dropped_inputs: list[str] = field(default_factory=list)
     seconds: float | None = None  # export time, shown by compile_graph()'s result
+    external: bool = False  # path lies outside the bundle by the user's choice (BYOM)
 
 
 def canonical(node: str, export_with: str | None) -> str | None:

@@ -101,4 +101,5 @@ def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModu
                        "directory; InferenceManager loads it only with "
                        "allow_external_paths=True", node, path)
     return Exported(model=load_model(path), path=path, yaml_backend=backend,
-                    input_names=input_names, output_names=output_names)
+                    input_names=input_names, output_names=output_names,
+                    external=not _inside_bundle(path, out_dir))
