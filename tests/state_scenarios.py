@@ -339,9 +339,16 @@ SCENARIOS = [counter, unupdated_state, history, three_states, state_loop, regist
 def main(out, names):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                     "examples"))
-    os.environ["LEAPP_EXAMPLE_BACKEND"] = "jit"
-    import feedback_example
-    import stateful_gru_export
+    saved = os.environ.get("LEAPP_EXAMPLE_BACKEND")
+    os.environ["LEAPP_EXAMPLE_BACKEND"] = "jit"  # read when the examples are imported
+    try:
+        import feedback_example
+        import stateful_gru_export
+    finally:  # main() also runs inside the test process: leave its environment as it was
+        if saved is None:
+            os.environ.pop("LEAPP_EXAMPLE_BACKEND", None)
+        else:
+            os.environ["LEAPP_EXAMPLE_BACKEND"] = saved
     runners = {f.__name__: f for f in SCENARIOS}
     runners["feedback_example"] = feedback_example.main
     runners["stateful_gru"] = lambda o: stateful_gru_export.main(o, "jit")

@@ -104,7 +104,8 @@ def test_wheel_installs_and_runs_getting_started(wheel, tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items()  # a user's environment: no test switches
+           if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("LEAPP_")}
     probe = ("import json, importlib.metadata as m, leapp, leapp._core as c;"
              "print(json.dumps({'file': leapp.__file__, 'core': c.__file__,"
              " 'version': leapp.__version__, 'impl': leapp.__implementation__,"
