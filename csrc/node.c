@@ -261,6 +261,12 @@ promoted_remember(leapp_state *st, PyObject *obj)
     if (ref == NULL) {
         return -1;
     }
+    /* A weakref without a callback can be in no reference cycle; left tracked,
+     * one per traced op result would pile up in the oldest generation and
+     * trigger full collections in the middle of tracing. */
+    if (PyObject_GC_IsTracked(ref)) {
+        PyObject_GC_UnTrack(ref);
+    }
     rc = PyList_Append(st->promoted, ref);
     Py_DECREF(ref);
     return rc;
