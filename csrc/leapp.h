@@ -157,6 +157,9 @@ CarrierObject *carrier_of(leapp_state *st, PyObject *obj);
 /* Attach a fresh carrier to obj (a tensor of type TracedTensor). */
 int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
                    Py_ssize_t vid, PyObject *port, int declared);
+/* carrier_attach without remembering obj for stop(): the op-result hot path. */
+int carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
+                         PyObject *port, int declared);
 /* Make obj (an exact torch.Tensor) a TracedTensor in place. */
 int carrier_promote(leapp_state *st, PyObject *obj);
 /* Make every tensor given a carrier since the last call plain again (in

@@ -328,12 +328,19 @@ int
 carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
                PyObject *port, int declared)
 {
-    int rc = -1;
-    PyObject **dictptr = _PyObject_GetDictPtr(obj);
-    CarrierObject *c;
     if (promoted_remember(st, obj) < 0) {
         return -1;
     }
+    return carrier_attach_value(st, obj, node, vid, port, declared);
+}
+
+int
+carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
+                     PyObject *port, int declared)
+{
+    int rc = -1;
+    PyObject **dictptr = _PyObject_GetDictPtr(obj);
+    CarrierObject *c;
     c = PyObject_GC_New(CarrierObject, st->carrier_type);
     if (c == NULL) {
         return -1;
@@ -414,6 +421,18 @@ static PyObject *
 py_drop_carrier(PyObject *module, PyObject *obj)
 {
     if (carrier_demote(leapp_get_state(module), obj) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* remember(obj): stop() makes obj a plain tensor again (a published output
+ * made by an op: op results are not remembered one by one on the hot path). */
+static PyObject *
+py_remember(PyObject *module, PyObject *obj)
+{
+    leapp_state *st = leapp_get_state(module);
+    if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type && promoted_remember(st, obj) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1106,6 +1125,7 @@ static PyMethodDef node_functions[] = {
     {"drop_carrier", py_drop_carrier, METH_O, "Make a traced tensor plain again."},
     {"dtype_name", py_dtype_name, METH_O, "The YAML dtype name of a tensor."},
     {"value_ref", py_value_ref, METH_O, "A Ref to a node value, for Node.record()."},
+    {"remember", py_remember, METH_O, "Have stop() make this traced tensor plain again."},
     {NULL, NULL, 0, NULL},
 };
 

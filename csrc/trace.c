@@ -199,7 +199,9 @@ bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
     if (carrier_promote(st, r) < 0) {
         return -1;
     }
-    return carrier_attach(st, r, (PyObject *)node, vid, NULL, 0);
+    /* Not remembered for stop(): a weakref per op would be most of the op's
+     * garbage; the outputs a node publishes are remembered when it finishes. */
+    return carrier_attach_value(st, r, (PyObject *)node, vid, NULL, 0);
 }
 
 /* The out field of the record for result r, binding its tensors; Py_None

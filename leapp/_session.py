@@ -494,10 +494,12 @@ class SessionAPI:
                 continue
             if carrier.port is None:  # one value published twice keeps its first port
                 carrier.port = leaf.name
+            _core.remember(leaf.value)  # the caller holds it: a plain tensor after stop()
         for name, value in node_info.state_updates.items():
             carrier = _core.carrier_of(value)
             if carrier is not None and carrier.port is None:
                 carrier.port = name
+            _core.remember(value)
         node.finish(_core.next_index())
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
