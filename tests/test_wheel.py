@@ -19,9 +19,16 @@ import zipfile
 
 import pytest
 
+import support
 from support import ROOT
 
-pytestmark = pytest.mark.wheel
+pytestmark = [
+    pytest.mark.wheel,
+    # The wheel is an ordinary build; under `make test-asan` the preloaded ASan
+    # runtime cannot start the fresh venv's interpreter. `make test` covers it.
+    pytest.mark.skipif(support.under_sanitizer(),
+                       reason="the wheel is checked by the normal (non-sanitizer) run"),
+]
 
 
 def _tool(name: str) -> str | None:

@@ -13,6 +13,7 @@ import sys
 import tracemalloc
 
 import pytest
+import support
 import yaml
 
 _core = importlib.import_module("leapp._core")
@@ -411,5 +412,6 @@ def test_no_leak_over_many_calls():
     assert growth < 64 * 1024, growth
     assert sys.getrefcount(probe) == refs_before
     assert len(gc.get_objects()) - objects_before < 100
-    # libyaml allocates with malloc, which tracemalloc does not see.
-    assert _rss_bytes() - rss_before < 4 * 1024 * 1024
+    # libyaml allocates with malloc, which tracemalloc does not see (under the
+    # sanitizer build ASan's quarantine holds freed memory: RSS says nothing there).
+    assert _rss_bytes() - rss_before < 4 * 1024 * 1024 or support.under_sanitizer()
