@@ -111,30 +111,17 @@ def join(a: torch.Tensor, b: torch.Tensor) -> None:
             group.add(tensor)
 
 
-def link_declared(node: Any, tensor: torch.Tensor, declared: list) -> Any:
+def link_declared(node: Any, tensor: torch.Tensor, declared: list) -> None:
     """Put a newly declared input in one group with the node's earlier declared
-    inputs that share its storage; returns the earlier one with the very same
-    layout (one buffer declared twice), or None."""
+    inputs that share its storage (one buffer declared twice is handled by twin())."""
     where = _storage(tensor)
     if where is None:
-        return None
-    mine = _layout(tensor)
-    same = None
+        return
     for other in declared:
-        if other is tensor or _storage(other) != where:
-            continue
-        carrier, theirs = _core.carrier_of(other), _core.carrier_of(tensor)
-        if carrier is None or carrier.node is not node or theirs is None:
-            continue
-        if _layout(other) == mine and same is None:
-            same = other
-        group = carrier.group or theirs.group or AliasGroup()
-        for member in (other, tensor):
-            c = _core.carrier_of(member)
-            if c.group is not group:
-                c.group = group
-                group.add(member)
-    return same
+        carrier = _core.carrier_of(other)
+        if (other is not tensor and carrier is not None and carrier.node is node
+                and _storage(other) == where):
+            join(other, tensor)
 
 
 def write(receiver: torch.Tensor, func: Any) -> None:
