@@ -27,6 +27,7 @@ from .export_manager import ExportManager  # noqa: E402
 from ._patching import FunctionPatch  # noqa: E402
 from ._version import __implementation__, __version__  # noqa: E402
 from .lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
+from .fusion import fuse  # noqa: E402
 from .semantics import (GraphConfigs, InputKindEnum, OutputKindEnum,  # noqa: E402
                         TemporalAxis, TensorSemantics)
 from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
@@ -34,7 +35,7 @@ from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
 __all__ = [
     "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
     "OutputKindEnum", "TemporalAxis", "GraphConfigs", "FunctionPatch", "InferenceManager",
-    "TracedTensor", "ExportManager", "__version__", "__config_version__",
+    "TracedTensor", "ExportManager", "fuse", "__version__", "__config_version__",
     "__implementation__",
 ]
 

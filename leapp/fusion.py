@@ -1,0 +1,798 @@
+"""The whole pipeline as one model: ``leapp.fuse``.
+
+A bundle is one model per node plus the YAML that wires them.  ``fuse`` turns
+it into one model that runs one step of the whole pipeline, nodes in run
+order, so that a runtime knowing nothing of LEAPP (onnxruntime, TensorRT, a
+C++ TorchScript runtime, a Triton server) can run it.  Feedback becomes
+explicit state: each feedback target is a state input named
+``"<node>/<port>"`` and its source this step a state output named
+``"<node>/<port>__next"``; the initial values travel in the model's metadata.
+The convention is documented in docs/fuse.md.
+
+The bundle is read the way ``InferenceManager`` reads it (it *is* an
+``InferenceManager``: same parser, same checksums, same confined paths, pt2
+never unpickled), so fusing trusts a bundle no more than running it does.
+
+* ``format="onnx"``: ONNX nodes are merged as graphs (``onnx.compose``
+  prefixes against name clashes), TorchScript nodes are re-exported with
+  torch's TorchScript-based ONNX exporter, pt2 nodes with the dynamo exporter.
+* ``format="torchscript"``: jit nodes are kept as they are, pt2 nodes are
+  traced; a node that only exists as ONNX cannot be turned into TorchScript
+  and is refused, naming the node.
+
+The fused model is then run step by step next to ``InferenceManager`` on the
+same bundle, state carried across :data:`VALIDATION_STEPS` steps, and refused
+if any output differs.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._safe_load import BundleError, quote
+
+logger = logging.getLogger("leapp")
+
+#: Version of the fused-model convention (metadata ``format_version``).
+FORMAT_VERSION = 1
+#: Metadata key (ONNX ``metadata_props``) holding the convention's JSON.
+METADATA_KEY = "leapp_fused"
+#: TorchScript ``_extra_files`` entry holding the same JSON.
+TORCHSCRIPT_EXTRA_FILE = "leapp_fused.json"
+#: Suffix of a state output's name.
+STATE_SUFFIX = "__next"
+#: Top-level YAML key recording fused models (upstream's reader ignores it).
+YAML_KEY = "fused"
+#: Steps the fused model is run next to InferenceManager before it is accepted.
+VALIDATION_STEPS = 12
+#: Accepted ``format`` values and the file suffix of each.
+FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
+
+# Initialisers above this many bytes go to <model>.data (protobuf caps a file at 2 GB).
+_EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
+
+_DTYPE_NAMES = {
+    torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
+    torch.bfloat16: "bfloat16", torch.int8: "int8", torch.int16: "int16",
+    torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
+    torch.uint16: "uint16", torch.uint32: "uint32", torch.uint64: "uint64",
+    torch.bool: "bool",
+}
+
+
+class FuseError(ValueError):
+    """The bundle cannot be fused (or the fused model does not match the bundle)."""
+
+
+@dataclass
+class Port:
+    """One input or output of the fused model."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": _DTYPE_NAMES[self.dtype], "shape": list(self.shape)}
+
+
+@dataclass
+class State:
+    """One feedback pair: ``input`` is the target's value, ``output`` its next value."""
+
+    input: str
+    output: str
+    source: tuple[str, str]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    initial: torch.Tensor
+
+    def describe(self) -> dict[str, Any]:
+        raw = self.initial.detach().cpu().contiguous()
+        data = raw.view(torch.uint8).numpy().tobytes() if raw.numel() else b""
+        return {"input": self.input, "output": self.output, "dtype": _DTYPE_NAMES[self.dtype],
+                "shape": list(self.shape),
+                "initial": {"encoding": "base64-le", "data": base64.b64encode(data).decode()}}
+
+
+@dataclass
+class Plan:
+    """What the fused model computes, read from the bundle.
+
+    ``feeds[node][port]`` says where each node input comes from: ``("input", name)``
+    a data input, ``("state", name)`` a state input, ``("node", (src, port))``
+    another node's output this step, ``("constant", tensor)`` a value no edge
+    feeds (the zeros or initial value ``InferenceManager`` leaves there).
+    """
+
+    pipeline: str
+    bundle_dir: str
+    order: list[str]
+    inputs: list[Port]
+    outputs: list[Port]
+    outputs_from: list[tuple[str, str]]
+    states: list[State]
+    feeds: dict[str, dict[str, tuple[str, Any]]]
+
+    def metadata(self) -> dict[str, Any]:
+        from ._version import __version__
+        return {"format_version": FORMAT_VERSION, "pipeline": self.pipeline,
+                "leapp_version": __version__,
+                "inputs": [p.describe() for p in self.inputs],
+                "outputs": [p.describe() for p in self.outputs],
+                "state": [s.describe() for s in self.states]}
+
+
+def _fail(message: str) -> None:
+    from . import _logging
+    _logging.fatal(message, FuseError)
+
+
+# ---- reading the bundle -----------------------------------------------------------
+
+
+def plan(manager: Any) -> Plan:
+    """The fused model's interface and wiring, from a loaded ``InferenceManager``."""
+    from .inference_manager import _split_key
+
+    nodes = manager.nodes
+    pipeline = os.path.splitext(os.path.basename(manager.model_path))[0]
+
+    def port_of(node: str, port: str, side: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        entry = nodes[node]
+        names = entry.input_names if side == "input" else entry.output_names
+        i = names.index(port)
+        if side == "input":
+            return entry.input_dtypes[i], entry.input_shapes[i]
+        return entry.output_dtypes[i], entry.output_shapes[i]
+
+    inputs = []
+    feeds: dict[str, dict[str, tuple[str, Any]]] = {name: {} for name in nodes}
+    for node, port in manager._graph_ports("inputs"):
+        dtype, shape = port_of(node, port, "input")
+        inputs.append(Port(f"{node}/{port}", dtype, shape))
+        feeds[node][port] = ("input", f"{node}/{port}")
+    for source, targets in manager._data_flow.items():
+        src = _split_key(source, "pipeline source")
+        for target in targets or []:
+            node, port = _split_key(target, "pipeline target")
+            if port in feeds[node]:
+                _fail(f"Node input {quote(target)} is fed by {quote(source)} and is also a "
+                      f"{feeds[node][port][0]} of the pipeline: one step of this bundle has "
+                      "no single meaning, so it cannot be fused. Fix the bundle's YAML.")
+            feeds[node][port] = ("node", src)
+    states = []
+    for source, targets in manager._feedback_flow.items():
+        src = _split_key(source, "pipeline source")
+        for target in targets or []:
+            node, port = _split_key(target, "pipeline target")
+            if port in feeds[node]:
+                _fail(f"Feedback target {quote(target)} is also fed as a "
+                      f"{feeds[node][port][0]} of the pipeline: it cannot be both state and "
+                      "data in the fused model. Fix the bundle's YAML.")
+            dtype, shape = port_of(node, port, "input")
+            initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
+            states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
+                                shape, initial))
+            feeds[node][port] = ("state", f"{node}/{port}")
+    for name, entry in nodes.items():
+        for port in entry.input_names:
+            if port not in feeds[name]:
+                value = manager._program.get(manager._slot_of[(name, port)])
+                feeds[name][port] = ("constant", value.detach().cpu().clone())
+    outputs = []
+    outputs_from = []
+    for node, port in manager._graph_ports("outputs"):
+        dtype, shape = port_of(node, port, "output")
+        outputs.append(Port(f"{node}/{port}", dtype, shape))
+        outputs_from.append((node, port))
+    names = [p.name for p in inputs] + [s.input for s in states]
+    clash = sorted({p.name for p in outputs} & set(names)) or sorted(
+        {s.output for s in states} & set(names + [p.name for p in outputs]))
+    if clash:
+        _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
+              f"{quote(clash[0])} (an output named like an input). Rename the port.")
+    return Plan(pipeline, os.path.dirname(os.path.abspath(manager.model_path)),
+                list(manager.run_order), inputs, outputs, outputs_from, states, feeds)
+
+
+# ---- the ONNX fused model ---------------------------------------------------------
+
+
+def _onnx_dtype(dtype: torch.dtype) -> int:
+    from onnx import TensorProto
+    table = {
+        torch.float16: TensorProto.FLOAT16, torch.float32: TensorProto.FLOAT,
+        torch.float64: TensorProto.DOUBLE, torch.bfloat16: TensorProto.BFLOAT16,
+        torch.int8: TensorProto.INT8, torch.int16: TensorProto.INT16,
+        torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64,
+        torch.uint8: TensorProto.UINT8, torch.uint16: TensorProto.UINT16,
+        torch.uint32: TensorProto.UINT32, torch.uint64: TensorProto.UINT64,
+        torch.bool: TensorProto.BOOL,
+    }
+    return table[dtype]
+
+
+def _ai_onnx_opset(model: Any) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 0
+
+
+def _example_inputs(entry: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.zeros(shape, dtype=dtype)
+                 for shape, dtype in zip(entry.input_shapes, entry.input_dtypes))
+
+
+def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
+    """One node as an ONNX model: (model, graph input per YAML input, graph outputs)."""
+    import onnx
+
+    from .backends.onnx import default_opset
+
+    backend = entry.backend
+    if backend == "onnx":
+        model = onnx.load(entry.model_path)
+        graph_inputs = _graph_input_names(model)
+        if set(graph_inputs) <= set(entry.input_names):  # by name (the loader's rule)
+            mapping: list[str | None] = [n if n in graph_inputs else None
+                                         for n in entry.input_names]
+        else:  # positional
+            mapping = list(graph_inputs) + [None] * (len(entry.input_names) - len(graph_inputs))
+        return model, mapping, [o.name for o in model.graph.output]
+    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
+    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
+    args = _example_inputs(entry)
+    if backend == "jit":
+        module = torch.jit.load(entry.model_path, map_location="cpu").eval()
+        with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, \
+                warnings.catch_warnings():
+            # the exporter warns that a ScriptModule's inputs are taken as given
+            warnings.simplefilter("ignore", UserWarning)
+            path = os.path.join(tmp, "node.onnx")
+            torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
+                              output_names=out_names, opset_version=min(opset, default_opset()))
+            model = onnx.load(path)
+    elif backend == "pt2":
+        from ._safe_load import load_pt2
+        program = load_pt2(entry.model_path)
+        exported = torch.onnx.export(program, args, None, dynamo=True, opset_version=opset,
+                                     input_names=in_names, output_names=out_names,
+                                     optimize=True, verbose=False)
+        model = exported.model_proto
+    else:  # InferenceNode refuses other backends before we get here
+        raise AssertionError(backend)
+    graph_inputs = _graph_input_names(model)
+    mapping = [n if n in graph_inputs else None for n in in_names]
+    outputs = [o.name for o in model.graph.output]
+    return model, mapping, outputs
+
+
+def _graph_input_names(model: Any) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in initializers]
+
+
+def _to_opset(name: str, model: Any, opset: int) -> Any:
+    current = _ai_onnx_opset(model)
+    if current == opset or current == 0:
+        return model
+    import onnx.version_converter
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:
+        _fail(f"Node {quote(name)}: its ONNX model uses opset {current} and the fused model "
+              f"needs opset {opset}; converting failed ({type(exc).__name__}: "
+              f"{quote(str(exc))}). Re-export the node with opset_version={opset}.")
+    raise AssertionError("unreachable")
+
+
+def build_onnx(the_plan: Plan, manager: Any) -> Any:
+    """The fused ``onnx.ModelProto`` for ``the_plan``."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from .backends.onnx import default_opset
+
+    onnx_opsets = [0]
+    for name in the_plan.order:
+        entry = manager.nodes[name]
+        if entry.backend == "onnx":
+            onnx_opsets.append(_ai_onnx_opset(onnx.load(entry.model_path,
+                                                         load_external_data=False)))
+    opset = max(max(onnx_opsets), default_opset())
+
+    nodes: list[Any] = []
+    initializers: list[Any] = []
+    value_infos: list[Any] = []
+    functions: list[Any] = []
+    opsets: dict[str, int] = {"": opset}
+    ir_version = 0
+    produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
+    for index, name in enumerate(the_plan.order):
+        entry = manager.nodes[name]
+        try:
+            model, in_map, out_names = _node_onnx(name, entry, opset)
+        except FuseError:
+            raise
+        except Exception as exc:
+            _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
+                  f"be converted to ONNX for the fused model: {type(exc).__name__}: "
+                  f"{quote(' '.join(str(exc).split()), 400)}. Fuse to format='torchscript' "
+                  "or export the node with export_with='onnx'.")
+        model = _to_opset(name, model, opset)
+        if len(out_names) != len(entry.output_names):
+            _fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
+                  f"declares {len(entry.output_names)} ({quote(entry.output_names)}).")
+        prefix = f"n{index}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}::"
+        model = onnx.compose.add_prefix(model, prefix)
+        graph = model.graph
+        ir_version = max(ir_version, model.ir_version)
+        for entry_opset in model.opset_import:
+            domain = "" if entry_opset.domain == "ai.onnx" else entry_opset.domain
+            if domain:
+                opsets[domain] = max(opsets.get(domain, 0), int(entry_opset.version))
+        for port, graph_input in zip(entry.input_names, in_map):
+            if graph_input is None:
+                continue  # the exporter dropped it: nothing reads it
+            kind, what = the_plan.feeds[name][port]
+            target = prefix + graph_input
+            if kind in ("input", "state"):
+                source = what
+            elif kind == "node":
+                source = produced[what]
+            else:
+                source = f"{prefix}constant::{port}"
+                initializers.append(numpy_helper.from_array(what.numpy(), source))
+            nodes.append(helper.make_node("Identity", [source], [target],
+                                          name=f"{prefix}feed::{port}"))
+        nodes.extend(graph.node)
+        initializers.extend(graph.initializer)
+        value_infos.extend(graph.value_info)
+        functions.extend(model.functions)
+        for port, out in zip(entry.output_names, out_names):
+            produced[(name, port)] = prefix + out
+
+    outputs = []
+    for port, source in zip(the_plan.outputs, the_plan.outputs_from):
+        nodes.append(helper.make_node("Identity", [produced[source]], [port.name],
+                                      name=f"output::{port.name}"))
+        outputs.append(port)
+    for state in the_plan.states:
+        nodes.append(helper.make_node("Identity", [produced[state.source]], [state.output],
+                                      name=f"state::{state.output}"))
+
+    def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        return helper.make_tensor_value_info(name, _onnx_dtype(dtype), list(shape))
+
+    graph = helper.make_graph(
+        nodes, f"{the_plan.pipeline}_fused",
+        [info(p.name, p.dtype, p.shape) for p in the_plan.inputs]
+        + [info(s.input, s.dtype, s.shape) for s in the_plan.states],
+        [info(p.name, p.dtype, p.shape) for p in outputs]
+        + [info(s.output, s.dtype, s.shape) for s in the_plan.states],
+        initializer=initializers, value_info=value_infos)
+    fused = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+        functions=functions, producer_name="leapp.fuse")
+    fused.ir_version = max(ir_version, 8)
+    helper.set_model_props(fused, {METADATA_KEY: json.dumps(the_plan.metadata())})
+    return fused
+
+
+def _save_onnx(model: Any, path: str, final: str) -> None:
+    """Save to path; large weights go beside it as <final's name>.data."""
+    import onnx
+    external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(model, path, save_as_external_data=external,
+                    location=os.path.basename(final) + ".data" if external else None)
+
+
+# ---- the TorchScript fused model --------------------------------------------------
+
+
+class _Pipeline(torch.nn.Module):
+    """Runs the nodes in order; traced once into the fused TorchScript module."""
+
+    def __init__(self, the_plan: Plan, modules: dict[str, torch.nn.Module],
+                 manager: Any) -> None:
+        super().__init__()
+        self.plan = the_plan
+        self.manager = manager
+        self.steps = torch.nn.ModuleDict()
+        self._keys = {}
+        for i, name in enumerate(the_plan.order):
+            key = f"n{i}"
+            self.steps[key] = modules[name]
+            self._keys[name] = key
+        for name, feeds in the_plan.feeds.items():
+            for port, (kind, what) in feeds.items():
+                if kind == "constant":
+                    self.register_buffer(f"c_{self._keys[name]}_{len(self._buffers)}", what)
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        the_plan = self.plan
+        values = {p.name: a for p, a in zip(the_plan.inputs, args)}
+        values.update({s.input: a for s, a in zip(the_plan.states,
+                                                  args[len(the_plan.inputs):])})
+        produced: dict[tuple[str, str], torch.Tensor] = {}
+        constants = iter(self._buffers.values())
+        for name in the_plan.order:
+            entry = self.manager.nodes[name]
+            call_args = []
+            for port in entry.input_names:
+                kind, what = the_plan.feeds[name][port]
+                if kind in ("input", "state"):
+                    call_args.append(values[what])
+                elif kind == "node":
+                    call_args.append(produced[what])
+                else:
+                    call_args.append(next(constants))
+            result = self.steps[self._keys[name]](*call_args)
+            if isinstance(result, torch.Tensor):
+                result = (result,)
+            for port, value in zip(entry.output_names, result):
+                produced[(name, port)] = value
+        # every output is a distinct tensor: TorchScript returns them as given
+        return tuple([produced[s] for s in the_plan.outputs_from]
+                     + [produced[s.source] for s in the_plan.states])
+
+
+def build_torchscript(the_plan: Plan, manager: Any) -> Any:
+    """The fused ``torch.jit.ScriptModule`` for ``the_plan``."""
+    from ._safe_load import load_pt2
+
+    modules: dict[str, torch.nn.Module] = {}
+    for name in the_plan.order:
+        entry = manager.nodes[name]
+        if entry.backend == "jit":
+            modules[name] = torch.jit.load(entry.model_path, map_location="cpu").eval()
+        elif entry.backend == "pt2":
+            module = load_pt2(entry.model_path).module()
+            try:
+                modules[name] = torch.jit.trace(module, _example_inputs(entry),
+                                                check_trace=False, strict=False)
+            except Exception as exc:
+                _fail(f"Node {quote(name)} (pt2) could not be traced into TorchScript for the "
+                      f"fused model: {type(exc).__name__}: {quote(str(exc), 400)}. Fuse to "
+                      "format='onnx' instead.")
+        else:
+            _fail(f"Node {quote(name)} exists only as an ONNX model ({quote(entry.model_path)}), "
+                  "which cannot be turned into TorchScript. Fuse this bundle to format='onnx' "
+                  f"(leapp.fuse(..., format='onnx')), or export node {quote(name)} with "
+                  "export_with='jit' and compile again.")
+    wrapper = _Pipeline(the_plan, modules, manager).eval()
+    example = tuple(torch.zeros(p.shape, dtype=p.dtype) for p in the_plan.inputs) + tuple(
+        s.initial.clone() for s in the_plan.states)
+    with torch.no_grad():
+        traced = torch.jit.trace(wrapper, example, check_trace=False, strict=False)
+    return traced
+
+
+# ---- running a fused model --------------------------------------------------------
+
+
+def read_metadata(path: str) -> dict[str, Any]:
+    """The convention's JSON of a fused model (``.onnx`` or TorchScript ``.pt``)."""
+    if path.endswith(".onnx"):
+        import onnx
+        model = onnx.load(path, load_external_data=False)
+        for prop in model.metadata_props:
+            if prop.key == METADATA_KEY:
+                return json.loads(prop.value)
+        raise FuseError(f"{quote(path)} carries no {METADATA_KEY!r} metadata: not a fused model")
+    extra = {TORCHSCRIPT_EXTRA_FILE: ""}
+    torch.jit.load(path, map_location="cpu", _extra_files=extra)
+    if not extra[TORCHSCRIPT_EXTRA_FILE]:
+        raise FuseError(f"{quote(path)} carries no {TORCHSCRIPT_EXTRA_FILE!r}: not a fused model")
+    return json.loads(extra[TORCHSCRIPT_EXTRA_FILE])
+
+
+def initial_state(metadata: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``{state input name: initial value}`` decoded from the fused model's metadata."""
+    from .inference_manager import _parse_dtype
+    state = {}
+    for entry in metadata["state"]:
+        dtype = _parse_dtype(entry["dtype"], entry["input"])
+        raw = bytearray(base64.b64decode(entry["initial"]["data"]))
+        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        state[entry["input"]] = flat.reshape(entry["shape"]).clone()
+    return state
+
+
+class FusedModel:
+    """Runs a fused model step by step, carrying its state.
+
+    ``FusedModel(path)`` loads a fused ``.onnx`` with onnxruntime (the CUDA
+    provider first when onnxruntime has it) or a fused TorchScript ``.pt`` with
+    ``torch.jit.load``, and reads the state convention from its metadata.
+    ``step(inputs)`` takes ``{"node/port": tensor}`` like
+    ``InferenceManager.run_policy`` (every data input, each call) and returns
+    the data outputs; ``reset()`` puts the initial state back.
+    """
+
+    def __init__(self, path: str, providers: list[str] | None = None) -> None:
+        self.path = os.fspath(path)
+        self.metadata = read_metadata(self.path)
+        self.input_names = [p["name"] for p in self.metadata["inputs"]]
+        self.output_names = [p["name"] for p in self.metadata["outputs"]]
+        self.state_inputs = [s["input"] for s in self.metadata["state"]]
+        self.state_outputs = [s["output"] for s in self.metadata["state"]]
+        self._initial = initial_state(self.metadata)
+        if self.path.endswith(".onnx"):
+            import onnxruntime as ort
+            if providers is None:
+                available = ort.get_available_providers()
+                providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
+                             if p in available]
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            self.session = ort.InferenceSession(self.path, options, providers=providers)
+            self._names = self.output_names + self.state_outputs
+            self._run = self._run_onnx
+        else:
+            self.module = torch.jit.load(self.path, map_location="cpu").eval()
+            self._run = self._run_torchscript
+        self.reset()
+
+    def reset(self) -> None:
+        """Put every state input back to its initial value."""
+        self.state = {name: value.clone() for name, value in self._initial.items()}
+
+    def _run_onnx(self, args: list[torch.Tensor]) -> list[Any]:
+        feed = {name: value.detach().cpu().numpy()
+                for name, value in zip(self.input_names + self.state_inputs, args)}
+        return [torch.from_numpy(v) for v in self.session.run(self._names, feed)]
+
+    def _run_torchscript(self, args: list[torch.Tensor]) -> list[Any]:
+        with torch.no_grad():
+            return list(self.module(*args))
+
+    def step(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One step: the data outputs ``{"node/port": tensor}``; the state advances."""
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise KeyError(f"FusedModel.step: missing inputs {missing}; every data input "
+                           f"({self.input_names}) is needed at each step")
+        args = [inputs[n] for n in self.input_names] + [self.state[n] for n in self.state_inputs]
+        results = self._run(args)
+        count = len(self.output_names)
+        self.state = dict(zip(self.state_inputs, results[count:]))
+        return dict(zip(self.output_names, results[:count]))
+
+
+# ---- validation -------------------------------------------------------------------
+
+
+def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
+             rtol: float = 1e-3, atol: float = 1e-5, allow_external_paths: bool = False,
+             seed: int = 0) -> None:
+    """Run the fused model and ``InferenceManager`` side by side for ``steps`` steps.
+
+    ``yaml_path`` is the bundle's YAML (or an ``InferenceManager`` already
+    loaded from it, which is reset first).  Both get the same random inputs
+    each step; the fused model carries its own state.  Raises
+    :class:`FuseError` naming the step and the output (data or state) that
+    differs.
+    """
+    from .inference_manager import InferenceManager
+
+    if isinstance(yaml_path, InferenceManager):
+        manager = yaml_path
+        manager.reset()
+    else:
+        manager = InferenceManager(yaml_path, allow_external_paths=allow_external_paths)
+    fused = FusedModel(path, providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        inputs = {}
+        for name, port in zip(fused.input_names, fused.metadata["inputs"]):
+            inputs[name] = _random(tuple(port["shape"]), manager, name, generator)
+        expected = manager.run_policy({k: v.clone() for k, v in inputs.items()})
+        actual = fused.step(inputs)
+        pairs = [(name, expected[name], actual[name]) for name in fused.output_names]
+        for state, entry in zip(fused.state_inputs, fused.metadata["state"]):
+            node, port = state.split("/", 1)
+            # InferenceManager holds the target's next value in its input buffer
+            # (or a staging slot): compare with what the fused model carries.
+            pairs.append((entry["output"], _next_state(manager, node, port), fused.state[state]))
+        for name, want, got in pairs:
+            got = got.to(want.device)
+            if want.shape != got.shape or want.dtype != got.dtype:
+                _fail(f"Fused model {quote(path)}: step {step}, {quote(name)} is "
+                      f"{got.dtype} {tuple(got.shape)} but InferenceManager gives "
+                      f"{want.dtype} {tuple(want.shape)}")
+            if not _close(want, got, rtol, atol):
+                worst = (want.double() - got.double()).abs().max().item() \
+                    if want.dtype != torch.bool else float("nan")
+                _fail(f"Fused model {quote(path)} differs from InferenceManager at step "
+                      f"{step} on {quote(name)} (largest difference {worst:.3g}, rtol={rtol}, "
+                      f"atol={atol}). The bundle was not fused faithfully: please report it.")
+    logger.info("Fused model %s matches InferenceManager over %d steps", path, steps)
+
+
+def _random(shape: tuple[int, ...], manager: Any, name: str,
+            generator: torch.Generator) -> torch.Tensor:
+    node, port = name.split("/", 1)
+    entry = manager.nodes[node]
+    dtype = entry.input_dtypes[entry.input_names.index(port)]
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    return torch.randint(0, 8, shape, generator=generator).to(dtype)
+
+
+def _next_state(manager: Any, node: str, port: str) -> torch.Tensor:
+    # staged feedback is committed after the last node: the target's buffer
+    # holds the value the next step will read
+    return manager._program.get(manager._slot_of[(node, port)])
+
+
+def _close(want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> bool:
+    if want.dtype.is_floating_point or want.dtype.is_complex:
+        return bool(torch.allclose(want.double(), got.double(), rtol=rtol, atol=atol,
+                                   equal_nan=True))
+    return bool(torch.equal(want, got))
+
+
+# ---- the YAML record --------------------------------------------------------------
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_SECTION = re.compile(r"^\S[^\n]*:[^\n]*$", re.MULTILINE)
+
+
+def record(yaml_path: str, fused_path: str, format: str) -> None:
+    """Write the fused model's path and checksum under the YAML's ``fused`` key.
+
+    The rest of the YAML is kept byte for byte; the file is replaced in one
+    rename.  Only a fused model inside the bundle directory is recorded.
+    """
+    from . import _core
+    bundle = os.path.dirname(os.path.abspath(yaml_path))
+    relative = os.path.relpath(os.path.abspath(fused_path), bundle)
+    if relative.startswith(os.pardir) or os.path.isabs(relative):
+        logger.info("Fused model %s lies outside the bundle: not recorded in its YAML",
+                    fused_path)
+        return
+    with open(yaml_path, encoding="utf-8") as handle:
+        text = handle.read()
+    current = _recorded(text)
+    current[format] = {"model_path": relative, "sha256sum": _sha256(fused_path),
+                       "format_version": FORMAT_VERSION}
+    text = _without_section(text, YAML_KEY)
+    text = text.rstrip("\n") + "\n\n" + _core.emit_yaml([{YAML_KEY: current}])
+    fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", dir=bundle)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, os.stat(yaml_path).st_mode & 0o7777)
+        os.replace(tmp, yaml_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _recorded(text: str) -> dict[str, Any]:
+    """The YAML's current ``fused`` entries (only well-formed ones are kept)."""
+    import yaml
+    section = _section(text, YAML_KEY)
+    if section is None:
+        return {}
+    try:
+        value = yaml.safe_load(section)
+    except yaml.YAMLError:
+        return {}
+    entries = value.get(YAML_KEY) if isinstance(value, dict) else None
+    if not isinstance(entries, dict):
+        return {}
+    return {k: v for k, v in entries.items() if k in FORMATS and isinstance(v, dict)}
+
+
+def _section(text: str, key: str) -> str | None:
+    starts = [m.start() for m in _SECTION.finditer(text)]
+    for i, start in enumerate(starts):
+        if text.startswith(f"{key}:", start):
+            end = starts[i + 1] if i + 1 < len(starts) else len(text)
+            return text[start:end]
+    return None
+
+
+def _without_section(text: str, key: str) -> str:
+    section = _section(text, key)
+    if section is None:
+        return text
+    start = text.index(section)
+    return text[:start] + text[start + len(section):]
+
+
+# ---- entry point ------------------------------------------------------------------
+
+
+def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
+         validate_steps: int = VALIDATION_STEPS, rtol: float = 1e-3, atol: float = 1e-5,
+         allow_external_paths: bool = False) -> str:
+    """Fuse a compiled bundle into one model that runs one step of the whole pipeline.
+
+    Args:
+        yaml_path: the bundle's YAML (as written by ``leapp.compile_graph``).
+        out: where to write the fused model; default
+            ``<bundle_dir>/<pipeline>_fused.onnx`` (``_fused.pt`` for TorchScript).
+        format: ``"onnx"`` or ``"torchscript"``.
+        validate_steps: steps the fused model is run next to ``InferenceManager``
+            (state carried across) before it is accepted; at least 10.
+        rtol, atol: tolerances of that comparison (integers and booleans exact).
+        allow_external_paths: as for ``InferenceManager`` (trusted bundles only).
+
+    Returns:
+        The path of the fused model.  When it lies inside the bundle directory,
+        its path and sha256 are recorded in the YAML under ``fused: {<format>: ...}``.
+
+    Raises:
+        FuseError: the bundle holds a node that cannot be fused into ``format``
+            (named, with the fix), or the fused model does not match
+            ``InferenceManager``; nothing is written then.
+        BundleError, FileNotFoundError: the bundle itself is unreadable, as for
+            ``InferenceManager``.
+    """
+    from .inference_manager import InferenceManager
+
+    if format not in FORMATS:
+        raise ValueError(f"leapp.fuse(format={format!r}): expected one of {sorted(FORMATS)}")
+    if not isinstance(validate_steps, int) or validate_steps < 10:
+        raise ValueError(f"leapp.fuse(validate_steps={validate_steps!r}): at least 10 steps "
+                         "are needed to check feedback")
+    yaml_path = os.fspath(yaml_path)
+    manager = InferenceManager(yaml_path, allow_external_paths=allow_external_paths)
+    the_plan = plan(manager)
+    if out is None:
+        out = os.path.join(the_plan.bundle_dir, f"{the_plan.pipeline}_fused{FORMATS[format]}")
+    out = os.fspath(out)
+    directory = os.path.dirname(os.path.abspath(out))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", suffix=FORMATS[format], dir=directory)
+    os.close(fd)
+    try:
+        if format == "onnx":
+            _save_onnx(build_onnx(the_plan, manager), tmp, out)
+        else:
+            module = build_torchscript(the_plan, manager)
+            extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(the_plan.metadata())}
+            from .backends import save_via_memory
+            save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
+        validate(tmp, manager, validate_steps, rtol, atol)
+        os.replace(tmp, out)
+    except BaseException:
+        for leftover in (tmp,):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        raise
+    logger.info("Fused %d nodes of %s into %s (%d state pairs)", len(the_plan.order),
+                the_plan.pipeline, out, len(the_plan.states))
+    record(yaml_path, out, format)
+    return out
+
+
+__all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate",
+           "BundleError"]
