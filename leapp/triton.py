@@ -1,0 +1,463 @@
+"""Triton Inference Server model repositories from a bundle: ``leapp triton``.
+
+``write_repository(yaml_path, repo_dir)`` writes a directory that
+``tritonserver --model-repository=repo_dir`` serves as it is:
+
+* a **feed-forward** bundle (no ``feedback_flow``) becomes one model per node
+  and an ``ensemble`` named after the pipeline that wires them as
+  ``data_flow`` says; clients call the ensemble with the graph inputs and get
+  the graph outputs, each named ``"<node>/<port>"`` as in the YAML;
+* a bundle **with feedback** becomes one sequence model, named after the
+  pipeline, that runs the fused model (``leapp.fuse``) under Triton's sequence
+  batcher: each client (correlation ID) keeps its own recurrent state on the
+  server, starting from the bundle's initial values.
+
+``serve_with="native"`` (the default) uses Triton's own backends where they
+exist (``onnxruntime`` for ONNX, ``pytorch`` for TorchScript; pt2 nodes run in
+the ``python`` backend) and the sequence batcher's implicit state;
+``serve_with="python"`` runs every model in the python backend, which is what
+a server without the native backends (the ``nvidia-pytriton`` wheel's) can
+serve.  The configs are built as ``tritonclient``'s ``ModelConfig`` protobuf
+messages and written in protobuf text format.  docs/triton.md has the layout,
+the names and the environment the python backend needs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("leapp")
+
+#: Accepted values of ``serve_with``.
+SERVE_WITH = ("native", "python")
+#: Control inputs of a python-backend sequence model (sequence start, end, correlation ID).
+CONTROL_INPUTS = ("START", "END", "CORRID")
+#: What the python backend runs, written next to its model.py.
+SPEC_FILE = "leapp_model.json"
+
+# YAML dtype -> (Triton config data type, Triton wire datatype used by clients)
+_DTYPES = {
+    "float32": ("TYPE_FP32", "FP32"), "float64": ("TYPE_FP64", "FP64"),
+    "float16": ("TYPE_FP16", "FP16"), "bfloat16": ("TYPE_BF16", "BF16"),
+    "int8": ("TYPE_INT8", "INT8"), "int16": ("TYPE_INT16", "INT16"),
+    "int32": ("TYPE_INT32", "INT32"), "int64": ("TYPE_INT64", "INT64"),
+    "uint8": ("TYPE_UINT8", "UINT8"), "uint16": ("TYPE_UINT16", "UINT16"),
+    "uint32": ("TYPE_UINT32", "UINT32"), "uint64": ("TYPE_UINT64", "UINT64"),
+    "bool": ("TYPE_BOOL", "BOOL"),
+}
+
+
+class TritonRepositoryError(ValueError):
+    """The bundle cannot be written as a Triton model repository (the message says why)."""
+
+
+@dataclass
+class TritonRepository:
+    """What ``write_repository`` wrote.
+
+    Attributes:
+        path: the repository directory.
+        entry: the model clients call (the ensemble, or the sequence model).
+        sequence: whether ``entry`` is a sequence model (send a correlation ID,
+            ``sequence_start`` on a client's first request).
+        models: every model directory written, ``entry`` included.
+        inputs, outputs: ``{tensor name: (Triton datatype, shape)}`` of ``entry``.
+    """
+
+    path: str
+    entry: str
+    sequence: bool
+    models: list[str] = field(default_factory=list)
+    inputs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    outputs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+
+
+def _config_module() -> Any:
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as exc:
+        raise ImportError("leapp triton builds the configs with tritonclient's ModelConfig "
+                          "protobuf definitions: pip install 'tritonclient[grpc]' "
+                          f"(or leapp[triton]); {exc}") from exc
+    return model_config_pb2
+
+
+def config_text(config: Any) -> str:
+    """A ``ModelConfig`` message in protobuf text format (the ``config.pbtxt`` syntax)."""
+    from google.protobuf import text_format
+    return text_format.MessageToString(config)
+
+
+def read_config(path: str) -> Any:
+    """Parse a ``config.pbtxt`` into tritonclient's ``ModelConfig`` (raises on bad syntax)."""
+    from google.protobuf import text_format
+    with open(path) as handle:
+        return text_format.Parse(handle.read(), _config_module().ModelConfig())
+
+
+def model_name(text: str, taken: set[str]) -> str:
+    """A Triton model (directory) name for ``text``: ``[A-Za-z0-9_.-]``, unique in ``taken``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).lstrip(".") or "model"
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
+# ---- reading the bundle --------------------------------------------------------------------
+
+@dataclass
+class _Port:
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+def _types(dtype: Any, where: str) -> tuple[str, str]:
+    if dtype not in _DTYPES:
+        raise TritonRepositoryError(
+            f"{where}: dtype {dtype!r} has no Triton data type (supported: "
+            f"{', '.join(_DTYPES)}); cast the tensor to one of them in the node")
+    return _DTYPES[dtype]
+
+
+def _ports(entries: Any, node: str, side: str) -> list[_Port]:
+    ports = []
+    for entry in entries or []:
+        if not isinstance(entry, Mapping) or "name" not in entry:
+            raise TritonRepositoryError(f"node {node!r}: an entry of its {side} is not a port "
+                                        f"mapping: {entry!r}")
+        where = f"node {node!r}, {side[:-1]} {entry['name']!r}"
+        _types(entry.get("dtype"), where)
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise TritonRepositoryError(f"{where}: shape {shape!r} is not a list of sizes")
+        ports.append(_Port(str(entry["name"]), entry["dtype"], list(shape)))
+    return ports
+
+
+def _flows(pipeline: Mapping[str, Any], key: str) -> list[tuple[str, str]]:
+    return [(str(source), str(target))
+            for source, targets in (pipeline.get(key) or {}).items()
+            for target in targets or []]
+
+
+def _graph_ports(pipeline: Mapping[str, Any], key: str) -> list[tuple[str, str]]:
+    return [(str(node), str(port)) for node, ports in (pipeline.get(key) or {}).items()
+            for port in ports or []]
+
+
+def _run_order(models: Mapping[str, Any], edges: list[tuple[str, str]]) -> list[str]:
+    """Nodes so that every producer comes before its consumers (YAML order among equals)."""
+    after: dict[str, set[str]] = {n: set() for n in models}
+    for source, target in edges:
+        producer, consumer = source.split("/", 1)[0], target.split("/", 1)[0]
+        if producer != consumer and producer in after and consumer in after:
+            after[consumer].add(producer)
+    order: list[str] = []
+    while len(order) < len(after):
+        ready = [n for n in after if n not in order and after[n] <= set(order)]
+        if not ready:
+            raise TritonRepositoryError("data_flow has a cycle outside feedback_flow; "
+                                        "recompile the bundle")
+        order.append(ready[0])
+    return order
+
+
+# ---- config pieces -------------------------------------------------------------------------
+
+def _tensor(entry: Any, name: str, port: _Port) -> None:
+    entry.name = name
+    entry.data_type = getattr(_config_module(), _DTYPES[port.dtype][0])
+    # Triton needs at least one dimension: a 0-d tensor travels as [1], reshaped to []
+    entry.dims.extend(port.shape or [1])
+    if not port.shape:
+        entry.reshape.SetInParent()
+
+
+def _model_config(name: str, backend: str, inputs: Sequence[tuple[str, _Port]],
+                  outputs: Sequence[tuple[str, _Port]]) -> Any:
+    mc = _config_module()
+    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=0)
+    for tensor_name, port in inputs:
+        _tensor(config.input.add(), tensor_name, port)
+    for tensor_name, port in outputs:
+        _tensor(config.output.add(), tensor_name, port)
+    group = config.instance_group.add()
+    group.kind = mc.ModelInstanceGroup.KIND_CPU
+    group.count = 1
+    return config
+
+
+def _write_model(staging: str, name: str, config: Any, files: Mapping[str, str] = {},
+                 spec: Mapping[str, Any] | None = None) -> str:
+    """Write ``<name>/config.pbtxt`` and ``<name>/1/`` (files copied, python model + spec)."""
+    version = os.path.join(staging, name, "1")
+    os.makedirs(version)
+    with open(os.path.join(staging, name, "config.pbtxt"), "w") as handle:
+        handle.write(config_text(config))
+    for target, source in files.items():
+        shutil.copyfile(source, os.path.join(version, target))
+    if spec is not None:
+        shutil.copyfile(os.path.join(os.path.dirname(__file__), "_triton_model.py"),
+                        os.path.join(version, "model.py"))
+        with open(os.path.join(version, SPEC_FILE), "w") as handle:
+            json.dump(spec, handle, indent=1)
+    return name
+
+
+# ---- feed-forward: one model per node + an ensemble ----------------------------------------
+
+def _node_model(staging: str, yaml_dir: str, node: str, description: Mapping[str, Any],
+                name: str, serve_with: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Write one node's model; ``({port: model tensor name} for inputs, ... for outputs)``."""
+    from ._safe_load import bundle_file
+    parameters = description.get("parameters") or {}
+    backend = parameters.get("backend")
+    if backend not in ("onnx", "jit", "pt2"):
+        raise TritonRepositoryError(
+            f"node {node!r} has backend {backend!r}: Triton can serve nodes exported with "
+            "onnx, jit or pt2; export it with one of them")
+    inputs = _ports(description.get("inputs"), node, "inputs")
+    outputs = _ports(description.get("outputs"), node, "outputs")
+    model_file = bundle_file(yaml_dir, parameters.get("model_path"), f"model file of node {node!r}")
+    if serve_with == "native" and backend in ("onnx", "jit"):
+        if backend == "onnx":
+            # onnxruntime matches the config's tensors to the model's by name (the port names)
+            in_names = {p.name: p.name for p in inputs}
+            out_names = {p.name: p.name for p in outputs}
+            config = _model_config(name, "onnxruntime", [(p.name, p) for p in inputs],
+                                   [(p.name, p) for p in outputs])
+            config.default_model_filename = "model.onnx"
+            _write_model(staging, name, config, {"model.onnx": model_file})
+        else:
+            # the pytorch backend binds tensors by position: INPUT__i / OUTPUT__i
+            in_names = {p.name: f"INPUT__{i}" for i, p in enumerate(inputs)}
+            out_names = {p.name: f"OUTPUT__{i}" for i, p in enumerate(outputs)}
+            config = _model_config(name, "pytorch", [(in_names[p.name], p) for p in inputs],
+                                   [(out_names[p.name], p) for p in outputs])
+            config.default_model_filename = "model.pt"
+            _write_model(staging, name, config, {"model.pt": model_file})
+        return in_names, out_names
+    in_names = {p.name: p.name for p in inputs}
+    out_names = {p.name: p.name for p in outputs}
+    config = _model_config(name, "python", [(p.name, p) for p in inputs],
+                           [(p.name, p) for p in outputs])
+    local = os.path.basename(model_file)
+    entry = dict(description)
+    entry["parameters"] = dict(parameters, model_path=local)
+    _write_model(staging, name, config, {local: model_file},
+                 {"kind": "node", "name": name, "node": node, "description": entry})
+    return in_names, out_names
+
+
+def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, Any],
+                  pipeline: Mapping[str, Any], serve_with: str,
+                  result: TritonRepository) -> None:
+    edges = _flows(pipeline, "data_flow")
+    graph_inputs = _graph_ports(pipeline, "inputs")
+    graph_outputs = _graph_ports(pipeline, "outputs")
+    fed = {target: source for source, target in edges}
+    taken: set[str] = set()
+    entry = model_name(graph, taken)
+    ports: dict[str, _Port] = {}
+    for node, description in models.items():
+        for side in ("inputs", "outputs"):
+            for port in _ports((description or {}).get(side), node, side):
+                ports[f"{node}/{port.name}"] = port
+    consumed = {source for source, _ in edges} | {f"{n}/{p}" for n, p in graph_outputs}
+    mc = _config_module()
+    ensemble = mc.ModelConfig(name=entry, platform="ensemble", max_batch_size=0)
+    for node in _run_order(models, edges):
+        description = models[node] or {}
+        name = model_name(f"{graph}.{node}", taken)
+        in_names, out_names = _node_model(staging, yaml_dir, node, description, name,
+                                          serve_with)
+        result.models.append(name)
+        step = ensemble.ensemble_scheduling.step.add()
+        step.model_name, step.model_version = name, -1
+        for port, tensor in in_names.items():
+            key = f"{node}/{port}"
+            source = fed.get(key, key if (node, port) in graph_inputs else None)
+            if source is None:
+                raise TritonRepositoryError(
+                    f"node {node!r}, input {port!r}: neither a graph input nor fed by "
+                    "data_flow, so the ensemble cannot supply it; recompile the bundle")
+            step.input_map[tensor] = source
+        for port, tensor in out_names.items():
+            if f"{node}/{port}" in consumed:
+                step.output_map[tensor] = f"{node}/{port}"
+    for node, port in graph_inputs:
+        key = f"{node}/{port}"
+        _tensor(ensemble.input.add(), key, ports[key])
+        result.inputs[key] = (_DTYPES[ports[key].dtype][1], ports[key].shape or [1])
+    for node, port in graph_outputs:
+        key = f"{node}/{port}"
+        _tensor(ensemble.output.add(), key, ports[key])
+        result.outputs[key] = (_DTYPES[ports[key].dtype][1], ports[key].shape or [1])
+    _write_model(staging, entry, ensemble)
+    result.models.append(entry)
+    result.entry = entry
+
+
+# ---- feedback: the fused model under the sequence batcher ----------------------------------
+
+def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
+              serve_with: str, max_sequences: int, idle_seconds: float,
+              result: TritonRepository) -> None:
+    import base64
+
+    from .fusion import fuse, read_metadata
+    mc = _config_module()
+    name = model_name(graph, set())
+    if fused_model is None:
+        # fused next to the staged repository, so the bundle (and its YAML) stays untouched
+        fused_model = fuse(yaml_path, out=os.path.join(staging, f".{name}_fused.onnx"))
+    metadata = read_metadata(fused_model)
+    suffix = ".onnx" if fused_model.endswith(".onnx") else ".pt"
+    data_in = [(p["name"], _Port(p["name"], p["dtype"], list(p["shape"])))
+               for p in metadata["inputs"]]
+    data_out = [(p["name"], _Port(p["name"], p["dtype"], list(p["shape"])))
+                for p in metadata["outputs"]]
+    for tensor, port in data_in + data_out:
+        _types(port.dtype, f"fused model {tensor!r}")
+    native = serve_with == "native" and suffix == ".onnx"
+    config = _model_config(name, "onnxruntime" if native else "python", data_in, data_out)
+    batching = config.sequence_batching
+    batching.max_sequence_idle_microseconds = int(idle_seconds * 1e6)
+    # oldest: one instance interleaves up to max_sequences robots without a batch dimension
+    batching.oldest.max_candidate_sequences = max_sequences
+    for i, entry in enumerate(metadata["state"]):
+        port = _Port(entry["input"], entry["dtype"], list(entry["shape"]))
+        _types(port.dtype, f"fused model state {port.name!r}")
+        if native:
+            # the bundle's initial value, raw little-endian bytes, for Triton's implicit state
+            file_name = f"state_{i}.bin"
+            os.makedirs(os.path.join(staging, name, "initial_state"), exist_ok=True)
+            with open(os.path.join(staging, name, "initial_state", file_name), "wb") as handle:
+                handle.write(base64.b64decode(entry["initial"]["data"]))
+            state = batching.state.add()
+            state.input_name, state.output_name = entry["input"], entry["output"]
+            state.data_type = getattr(mc, _DTYPES[port.dtype][0])
+            state.dims.extend(port.shape or [1])
+            initial = state.initial_state.add()
+            initial.data_type = state.data_type
+            initial.dims.extend(port.shape or [1])
+            initial.name = f"initial_{i}"
+            initial.data_file = file_name
+    if native:
+        config.default_model_filename = "model.onnx"
+        _write_model(staging, name, config, {"model.onnx": fused_model})
+    else:
+        kinds = {"START": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
+                 "END": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END}
+        for control_name, kind in kinds.items():
+            control_input = batching.control_input.add()
+            control_input.name = control_name
+            control = control_input.control.add()
+            control.kind = kind
+            control.int32_false_true.extend([0, 1])
+        corrid = batching.control_input.add()
+        corrid.name = "CORRID"
+        control = corrid.control.add()
+        control.kind = mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID
+        control.data_type = mc.TYPE_UINT64
+        model_file = "fused" + suffix
+        _write_model(staging, name, config, {model_file: fused_model},
+                     {"kind": "sequence", "name": name, "model_file": model_file})
+    result.models.append(name)
+    result.entry = name
+    result.sequence = True
+    result.inputs.update({t: (_DTYPES[p.dtype][1], p.shape or [1]) for t, p in data_in})
+    result.outputs.update({t: (_DTYPES[p.dtype][1], p.shape or [1]) for t, p in data_out})
+
+
+# ---- the public entry point ----------------------------------------------------------------
+
+def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native",
+                     fused_model: str | None = None, max_sequences: int = 64,
+                     sequence_idle_seconds: float = 60.0) -> TritonRepository:
+    """Write a Triton model repository that serves the bundle.
+
+    Args:
+        yaml_path: the bundle's YAML, as written by ``leapp.compile_graph``.
+        repo_dir: the repository to create; it must not exist or be empty.  It is
+            built beside itself and renamed into place, so an error leaves nothing.
+        serve_with: ``"native"``: Triton's onnxruntime / pytorch backends (and
+            implicit state) where they apply, the python backend for pt2 nodes and
+            a TorchScript fused model; ``"python"``: every model in the python
+            backend, which needs leapp installed where ``tritonserver`` runs.
+        fused_model: a fused model of the bundle (``leapp.fuse``) for a bundle with
+            feedback; by default the bundle is fused (ONNX) for the repository,
+            leaving the bundle itself untouched.  Ignored for feed-forward bundles.
+        max_sequences: robots (correlation IDs) one sequence model interleaves.
+        sequence_idle_seconds: a sequence idle this long is dropped by the server.
+
+    Returns:
+        A :class:`TritonRepository` naming the model to call and its tensors.
+
+    Raises:
+        TritonRepositoryError: a node or tensor Triton cannot serve (named, with the fix).
+        FileExistsError: ``repo_dir`` holds files already.
+    """
+    from .cli import BundleError, _read_bundle
+
+    if serve_with not in SERVE_WITH:
+        raise ValueError(f"serve_with={serve_with!r}: expected one of {SERVE_WITH}")
+    if not isinstance(max_sequences, int) or max_sequences < 1:
+        raise ValueError(f"max_sequences={max_sequences!r}: expected a positive integer")
+    yaml_path = os.fspath(yaml_path)
+    repo_dir = os.path.abspath(os.fspath(repo_dir))
+    try:
+        bundle = _read_bundle(yaml_path)
+    except BundleError as exc:
+        raise TritonRepositoryError(str(exc)) from exc
+    if os.path.isdir(repo_dir) and os.listdir(repo_dir):
+        raise FileExistsError(f"{repo_dir} is not empty; give a new or empty directory for the "
+                              "Triton repository")
+    graph = os.path.splitext(os.path.basename(yaml_path))[0]
+    models, pipeline = bundle["models"] or {}, bundle["pipeline"] or {}
+    parent = os.path.dirname(repo_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".leapp-triton-", dir=parent)
+    result = TritonRepository(path=repo_dir, entry="", sequence=False)
+    try:
+        if _flows(pipeline, "feedback_flow"):
+            _sequence(staging, yaml_path, graph, fused_model, serve_with, max_sequences,
+                      sequence_idle_seconds, result)
+            for leftover in os.listdir(staging):
+                if leftover.startswith("."):
+                    os.unlink(os.path.join(staging, leftover))
+        else:
+            _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, models,
+                          pipeline, serve_with, result)
+        os.chmod(staging, 0o777 & ~_umask())
+        if os.path.isdir(repo_dir):
+            os.rmdir(repo_dir)
+        os.rename(staging, repo_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("Wrote Triton repository %s (%s, entry model %r, %d model(s), serve_with=%s)",
+                repo_dir, "sequence" if result.sequence else "ensemble", result.entry,
+                len(result.models), serve_with)
+    return result
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+__all__ = ["write_repository", "TritonRepository", "TritonRepositoryError", "read_config",
+           "config_text", "model_name", "SERVE_WITH", "CONTROL_INPUTS"]
