@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt setuptools wheel torch==2.13.0
 	$(PIP) install -c constraints.txt --no-build-isolation -e '.[test]'
+	# tritonserver for tests/test_triton.py: only the binary is used, so the wheel's
+	# Python requirements (numpy<2 among them) are not installed
+	$(PIP) install -c constraints.txt --no-deps nvidia-pytriton==0.7.0
 	@mkdir -p build && touch $(STAMP) $(CORE_STAMP)
 
 build: setup $(CORE_STAMP)

@@ -4,6 +4,7 @@
     leapp run BUNDLE.yaml [--steps N] mock inputs through InferenceManager
     leapp draw BUNDLE.yaml [-o PNG]   the pipeline picture
     leapp check BUNDLE.yaml           load every model, run one step
+    leapp triton BUNDLE.yaml REPO     a Triton Inference Server model repository
 
 Exit status: 0 ok, 1 a check failed (checksum, model load, a step), 2 usage
 or a bundle that cannot be read.  User errors print one line, no traceback.
@@ -228,6 +229,28 @@ def cmd_check(args: argparse.Namespace, out: Any) -> int:
     return EXIT_OK
 
 
+def cmd_triton(args: argparse.Namespace, out: Any) -> int:
+    _read_bundle(args.bundle)
+    from .fusion import FuseError
+    from .triton import TritonRepositoryError, write_repository
+    try:
+        repository = write_repository(args.bundle, args.repository, serve_with=args.serve_with,
+                                      fused_model=args.fused,
+                                      max_sequences=args.max_sequences)
+    except (TritonRepositoryError, FileExistsError, ImportError) as exc:
+        raise BundleError(_one_line(exc)) from exc
+    except FuseError as exc:
+        raise CheckFailed(_one_line(exc)) from exc
+    kind = "sequence model (one state per correlation ID)" if repository.sequence else "ensemble"
+    print(f"wrote {repository.path}: {len(repository.models)} model(s), serve_with="
+          f"{args.serve_with}", file=out)
+    print(f"call {repository.entry!r}, a {kind}", file=out)
+    for title, tensors in (("inputs", repository.inputs), ("outputs", repository.outputs)):
+        for name, (datatype, shape) in tensors.items():
+            print(f"  {title[:-1]:6} {name}: {datatype}{shape}", file=out)
+    return EXIT_OK
+
+
 # ---- entry point --------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
@@ -235,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="leapp", description="Look at, run, draw and check a bundle exported by "
         "leapp.compile_graph().",
         epilog="exit status: 0 ok, 1 a check failed, 2 usage error or unreadable bundle")
-    verbs = parser.add_subparsers(dest="verb", metavar="{inspect,run,draw,check}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{inspect,run,draw,check,triton}")
     verbs.required = True
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
@@ -256,6 +279,20 @@ def _parser() -> argparse.ArgumentParser:
     draw.set_defaults(run=cmd_draw)
     verb("check", "Load every model, verify checksums and run one step with mock inputs; "
          "exit 0 when all of it works, 1 when not.").set_defaults(run=cmd_check)
+    triton = verb("triton", "Write a Triton Inference Server model repository that serves the "
+                  "bundle (an ensemble, or the fused model under the sequence batcher when "
+                  "the bundle has feedback).")
+    triton.add_argument("repository", metavar="REPO_DIR",
+                        help="the repository to create (new or empty)")
+    triton.add_argument("--serve-with", choices=("native", "python"), default="native",
+                        help="native: Triton's onnxruntime/pytorch backends where they apply "
+                        "(default); python: every model in the python backend")
+    triton.add_argument("--fused", metavar="MODEL",
+                        help="a fused model of the bundle (leapp.fuse) to serve; by default "
+                        "a bundle with feedback is fused for the repository")
+    triton.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
+                        help="robots (correlation IDs) served at once (default 64)")
+    triton.set_defaults(run=cmd_triton)
     return parser
 
 

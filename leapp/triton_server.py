@@ -55,11 +55,18 @@ def find_tritonserver() -> tuple[str, str]:
     return dist, libs
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (the OS picks them)."""
+    sockets = []
+    try:
+        for _ in range(count):  # all held open at once, so the OS cannot hand one out twice
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class TritonServer:
@@ -79,7 +86,7 @@ class TritonServer:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
-        self.http_port = self.grpc_port = self.metrics_port = 0
+        self.http_port = self.grpc_port = 0
 
     @property
     def pid(self) -> int:
@@ -125,7 +132,7 @@ class TritonServer:
         """Start the server and wait until it and every model are ready."""
         root = self._layout()
         try:
-            self.http_port, self.grpc_port, self.metrics_port = (free_port() for _ in range(3))
+            self.http_port, self.grpc_port = free_ports(2)
             if self.log_path is None:
                 self.log_path = os.path.join(self._workdir or "", "tritonserver.log")
             command = [
@@ -205,4 +212,4 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["TritonServer", "TritonUnavailable", "find_tritonserver", "free_port"]
+__all__ = ["TritonServer", "TritonUnavailable", "find_tritonserver", "free_ports"]
