@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
-import torch
-import triton_python_backend_utils as pb_utils  # provided by Triton's python backend
-from torch.utils.dlpack import from_dlpack
+# The stub's interpreter ignores PYTHONPATH (as with python -E); honour it here, so
+# a leapp that is not installed in site-packages (a source checkout) is found too.
+for _entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    if _entry and _entry not in sys.path:
+        sys.path.insert(0, _entry)
+
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402  (Triton's python backend)
+from torch.utils.dlpack import from_dlpack  # noqa: E402
 
 SPEC_FILE = "leapp_model.json"
 

@@ -13,7 +13,8 @@ and stops it by its process id::
 The python backend's stub embeds the interpreter found first on ``PATH``, so
 the directory of ``sys.executable`` goes first on ``PATH`` and the directory
 of this interpreter's ``libpython`` first on ``LD_LIBRARY_PATH``: the models
-then import the packages of this environment (leapp, torch, onnxruntime).
+then import the packages of this environment (torch, onnxruntime) and, through
+``PYTHONPATH``, the very leapp this process imported.
 """
 from __future__ import annotations
 
@@ -126,6 +127,11 @@ class TritonServer:
             p for p in (libdir, self._libs, env.get("LD_LIBRARY_PATH", "")) if p)
         env["PATH"] = os.pathsep.join(
             (os.path.dirname(os.path.abspath(sys.executable)), env.get("PATH", "")))
+        # the stub imports the same leapp as this process, wherever that one lives
+        import leapp
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(leapp.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
         return env
 
     def start(self) -> TritonServer:
