@@ -1,0 +1,321 @@
+"""`leapp triton`: model repositories checked by parsing their configs, then served for real.
+
+The configs are parsed with tritonclient's ModelConfig protobuf definitions.  The
+served tests start the nvidia-pytriton wheel's `tritonserver` once for the module
+on free loopback ports (its python backend; the wheel has no onnxruntime or
+pytorch backend), load one repository holding a feed-forward ensemble and a
+sequence model with feedback, and compare every served output with
+InferenceManager runs of the same bundles.  The server is stopped by its pid.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import leapp
+from leapp import InferenceManager, annotate
+from support import ROOT, under_sanitizer
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2",
+                    reason="tritonclient[grpc] is not installed (pip install -e '.[test]')")
+
+from leapp import cli  # noqa: E402
+from leapp.triton import TritonRepositoryError, read_config, write_repository  # noqa: E402
+
+FF_GRAPH, FB_GRAPH = "ff_triton", "fb_triton"
+WEIGHTS = torch.linspace(-1.0, 1.0, 18).reshape(6, 3)
+INITIAL_MEMORY = torch.tensor([0.3, -0.2])
+
+
+def _feed_forward(root: str) -> str:
+    """encode (jit) -> policy (onnx) -> critic (pt2), features fanned out to both."""
+    leapp.start(name=FF_GRAPH, save_path=root)
+    obs, goal = annotate.input_tensors("encode", {"obs": torch.randn(1, 4),
+                                                  "goal": torch.randn(1, 2)})
+    features = torch.cat([torch.tanh(obs), goal], dim=-1)
+    annotate.output_tensors("encode", {"features": features}, export_with="jit")
+    policy_in = annotate.input_tensors("policy", {"features": features})
+    action = policy_in @ WEIGHTS
+    annotate.output_tensors("policy", {"action": action}, export_with="onnx")
+    seen, taken = annotate.input_tensors("critic", {"features": features, "action": action})
+    value = seen.sum(-1, keepdim=True) * taken.mean(-1, keepdim=True)
+    best = torch.argmax(taken, dim=-1)
+    annotate.output_tensors("critic", {"value": value, "best": best}, export_with="pt2")
+    leapp.stop()
+    leapp.compile_graph()
+    return os.path.join(root, FF_GRAPH, f"{FF_GRAPH}.yaml")
+
+
+def _feedback(root: str) -> str:
+    """policy mixes an observation with a memory that update blends; non-zero initial memory."""
+    leapp.start(name=FB_GRAPH, save_path=root)
+    memory = INITIAL_MEMORY.clone()
+    for _ in range(2):
+        obs, mem = annotate.input_tensors("policy", {"obs": torch.rand(2),
+                                                     "memory": memory})
+        context = torch.tanh(obs - 0.5 + 0.5 * mem)
+        action = torch.clamp(context * 1.5, -1.0, 1.0)
+        annotate.output_tensors("policy", {"context": context, "action": action},
+                                export_with="jit")
+        ctx, previous = annotate.input_tensors("update", {"context": context,
+                                                          "previous": memory})
+        memory = 0.7 * previous + 0.3 * ctx
+        annotate.output_tensors("update", {"memory": memory}, export_with="onnx")
+    leapp.stop()
+    leapp.compile_graph()
+    return os.path.join(root, FB_GRAPH, f"{FB_GRAPH}.yaml")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("triton_bundles"))
+    ff_yaml, fb_yaml = _feed_forward(root), _feedback(root)
+    fused = leapp.fuse(fb_yaml, out=os.path.join(root, "fb_fused.onnx"))
+    return {"root": root, "ff": ff_yaml, "fb": fb_yaml, "fused": fused}
+
+
+def _configs(repo: str) -> dict:
+    return {name: read_config(os.path.join(repo, name, "config.pbtxt"))
+            for name in sorted(os.listdir(repo))}
+
+
+def _dims(config_tensors) -> dict:
+    return {t.name: (list(t.dims), t.data_type) for t in config_tensors}
+
+
+# ---- repository generation --------------------------------------------------------------
+
+@pytest.mark.parametrize("serve_with", ["native", "python"])
+def test_feed_forward_repository(bundles, tmp_path, serve_with):
+    from tritonclient.grpc import model_config_pb2 as mc
+    repo = str(tmp_path / "repo")
+    result = write_repository(bundles["ff"], repo, serve_with=serve_with)
+    configs = _configs(repo)
+    assert sorted(configs) == sorted(result.models) == [
+        "ff_triton", "ff_triton.critic", "ff_triton.encode", "ff_triton.policy"]
+    assert result.entry == "ff_triton" and not result.sequence
+    ensemble = configs["ff_triton"]
+    assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
+    assert _dims(ensemble.input) == {"encode/obs": ([1, 4], mc.TYPE_FP32),
+                                     "encode/goal": ([1, 2], mc.TYPE_FP32)}
+    assert _dims(ensemble.output) == {"critic/value": ([1, 1], mc.TYPE_FP32),
+                                      "critic/best": ([1], mc.TYPE_INT64)}
+    steps = ensemble.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["ff_triton.encode", "ff_triton.policy",
+                                             "ff_triton.critic"]
+    # every node's tensors, through its own names, wired exactly as data_flow says
+    backends = {"native": {"encode": "pytorch", "policy": "onnxruntime", "critic": "python"},
+                "python": {"encode": "python", "policy": "python", "critic": "python"}}
+    wiring = {}
+    for step in steps:
+        node = step.model_name.split(".", 1)[1]
+        config = configs[step.model_name]
+        assert config.backend == backends[serve_with][node]
+        names_in = [t.name for t in config.input]
+        names_out = [t.name for t in config.output]
+        if config.backend == "pytorch":
+            assert names_in == ["INPUT__0", "INPUT__1"][:len(names_in)]
+            assert names_out == [f"OUTPUT__{i}" for i in range(len(names_out))]
+        assert set(step.input_map) == set(names_in)
+        for tensor, source in step.input_map.items():
+            wiring[(node, tensor)] = source
+        for tensor, target in step.output_map.items():
+            assert target.startswith(f"{node}/")
+    assert wiring[("policy", "features")] == "encode/features"
+    assert wiring[("critic", "features")] == "encode/features"
+    assert wiring[("critic", "action")] == "policy/action"
+    first_in = "INPUT__0" if serve_with == "native" else "obs"
+    assert wiring[("encode", first_in)] == "encode/obs"
+    files = {node: sorted(os.listdir(os.path.join(repo, f"ff_triton.{node}", "1")))
+             for node in ("encode", "policy", "critic")}
+    if serve_with == "native":
+        assert files["encode"] == ["model.pt"] and files["policy"] == ["model.onnx"]
+        assert configs["ff_triton.encode"].default_model_filename == "model.pt"
+    else:
+        assert files["encode"] == ["encode.pt", "leapp_model.json", "model.py"]
+    assert files["critic"] == ["critic.pt2", "leapp_model.json", "model.py"]
+
+
+@pytest.mark.parametrize("serve_with", ["native", "python"])
+def test_feedback_repository(bundles, tmp_path, serve_with):
+    from tritonclient.grpc import model_config_pb2 as mc
+    repo = str(tmp_path / "repo")
+    result = write_repository(bundles["fb"], repo, serve_with=serve_with,
+                              fused_model=bundles["fused"], max_sequences=4)
+    assert result.sequence and result.entry == "fb_triton" and result.models == ["fb_triton"]
+    config = _configs(repo)["fb_triton"]
+    assert _dims(config.input) == {"policy/obs": ([2], mc.TYPE_FP32)}
+    assert _dims(config.output) == {"policy/action": ([2], mc.TYPE_FP32)}
+    batching = config.sequence_batching
+    assert batching.oldest.max_candidate_sequences == 4
+    initial = load_file(os.path.join(os.path.dirname(bundles["fb"]),
+                                     f"{FB_GRAPH}_initial_values.safetensors"))
+    if serve_with == "native":
+        assert config.backend == "onnxruntime" and not batching.control_input
+        states = [(s.input_name, s.output_name) for s in batching.state]
+        assert states == [("policy/memory", "policy/memory__next"),
+                          ("update/previous", "update/previous__next")]
+        for state in batching.state:
+            (start,) = state.initial_state
+            assert list(state.dims) == list(start.dims) == [2]
+            raw = open(os.path.join(repo, "fb_triton", "initial_state", start.data_file),
+                       "rb").read()
+            # the bundle's own initial value, byte for byte (non-zero here)
+            assert raw == initial[state.input_name].numpy().tobytes()
+            assert torch.equal(initial[state.input_name], INITIAL_MEMORY)
+        assert os.listdir(os.path.join(repo, "fb_triton", "1")) == ["model.onnx"]
+    else:
+        assert config.backend == "python" and not batching.state
+        controls = {c.name: c.control[0] for c in batching.control_input}
+        kinds = mc.ModelSequenceBatching.Control
+        assert controls["START"].kind == kinds.CONTROL_SEQUENCE_START
+        assert controls["END"].kind == kinds.CONTROL_SEQUENCE_END
+        assert controls["CORRID"].kind == kinds.CONTROL_SEQUENCE_CORRID
+        assert controls["CORRID"].data_type == mc.TYPE_UINT64
+        assert sorted(os.listdir(os.path.join(repo, "fb_triton", "1"))) == [
+            "fused.onnx", "leapp_model.json", "model.py"]
+
+
+def test_refusals_leave_nothing_behind(bundles, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        write_repository(bundles["ff"], str(taken))
+    with pytest.raises(ValueError, match="serve_with"):
+        write_repository(bundles["ff"], str(tmp_path / "r"), serve_with="tensorrt")
+    # a dtype Triton has no type for: named with node and tensor, nothing written
+    copy = tmp_path / "bundle"
+    shutil.copytree(os.path.dirname(bundles["ff"]), copy)
+    yaml_path = copy / f"{FF_GRAPH}.yaml"
+    text = yaml_path.read_text()
+    yaml_path.write_text(text.replace("dtype: int64", "dtype: complex64", 1))
+    with pytest.raises(TritonRepositoryError,
+                       match="node 'critic', output 'best': dtype 'complex64'"):
+        write_repository(str(yaml_path), str(tmp_path / "r"))
+    assert sorted(os.listdir(tmp_path)) == ["bundle", "taken"]
+
+
+def test_cli(bundles, tmp_path):
+    out = io.StringIO()
+    import contextlib
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["triton", bundles["fb"], str(tmp_path / "repo"),
+                         "--fused", bundles["fused"], "--serve-with", "python"]) == 0
+    text = out.getvalue()
+    assert "call 'fb_triton', a sequence model" in text
+    assert "input  policy/obs: FP32[2]" in text
+    assert read_config(str(tmp_path / "repo" / "fb_triton" / "config.pbtxt")).backend == "python"
+    assert cli.main(["triton", bundles["ff"], str(tmp_path / "repo")]) == cli.EXIT_USAGE
+
+
+# ---- served for real ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(bundles, tmp_path_factory):
+    if under_sanitizer():
+        pytest.skip("the ASan preload is inherited by tritonserver and its python stubs; the "
+                    "served round trip is checked by the normal run")
+    from leapp.triton_server import TritonServer, TritonUnavailable
+    root = tmp_path_factory.mktemp("triton_served")
+    served = root / "repository"
+    served.mkdir()
+    entries = {}
+    for key, fused in (("ff", None), ("fb", bundles["fused"])):
+        part = root / key
+        result = write_repository(bundles[key], str(part), serve_with="python",
+                                  fused_model=fused)
+        for model in result.models:  # one repository, one server start for both
+            os.rename(part / model, served / model)
+        entries[key] = result
+    server = TritonServer(str(served), ready_timeout=180)
+    try:
+        server.start()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot start on this machine: {exc}")
+    try:
+        yield server, entries
+    finally:
+        pid = server.process.pid if server.process else None
+        server.stop()
+        if pid is not None:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+def _infer_input(http, name: str, value: torch.Tensor, datatype: str):
+    tensor = http.InferInput(name, list(value.shape), datatype)
+    tensor.set_data_from_numpy(value.numpy())
+    return tensor
+
+
+def test_served_feedback_two_robots_interleaved(bundles, server):
+    import tritonclient.http as http
+    triton, entries = server
+    entry = entries["fb"]
+    client = http.InferenceServerClient(triton.http_url)
+    robots = {11: InferenceManager(bundles["fb"]), 12: InferenceManager(bundles["fb"])}
+    generator = torch.Generator().manual_seed(3)
+    for step in range(10):
+        for robot, reference in robots.items():
+            obs = torch.rand(2, generator=generator)
+            result = client.infer(entry.entry, [_infer_input(http, "policy/obs", obs, "FP32")],
+                                  sequence_id=robot, sequence_start=step == 0,
+                                  sequence_end=step == 9)
+            want = reference.run_policy({"policy/obs": obs})["policy/action"]
+            np.testing.assert_allclose(result.as_numpy("policy/action"), want.numpy(),
+                                       rtol=1e-5, atol=1e-6, err_msg=f"robot {robot} step {step}")
+    # a new sequence on a finished robot's ID starts again from the bundle's initial values
+    obs = torch.rand(2, generator=generator)
+    result = client.infer(entry.entry, [_infer_input(http, "policy/obs", obs, "FP32")],
+                          sequence_id=11, sequence_start=True, sequence_end=True)
+    fresh = InferenceManager(bundles["fb"]).run_policy({"policy/obs": obs})["policy/action"]
+    np.testing.assert_allclose(result.as_numpy("policy/action"), fresh.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    client.close()
+
+
+def test_served_ensemble(bundles, server):
+    import tritonclient.grpc as grpc
+    triton, entries = server
+    entry = entries["ff"]
+    client = grpc.InferenceServerClient(triton.grpc_url)
+    reference = InferenceManager(bundles["ff"])
+    for _ in range(3):
+        feed = reference.get_mock_input()
+        inputs = []
+        for name, value in feed.items():
+            tensor = grpc.InferInput(name, list(value.shape), entry.inputs[name][0])
+            tensor.set_data_from_numpy(value.numpy())
+            inputs.append(tensor)
+        result = client.infer(entry.entry, inputs)
+        for name, want in reference.run_policy(feed).items():
+            got = result.as_numpy(name)
+            assert got.dtype == want.numpy().dtype, name
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    client.close()
+
+
+def test_serve_with_triton_example(tmp_path):
+    if under_sanitizer():
+        pytest.skip("the ASan preload is inherited by tritonserver and its python stubs")
+    from leapp.triton_server import TritonUnavailable
+    path = os.path.join(ROOT, "examples", "serve_with_triton.py")
+    spec = importlib.util.spec_from_file_location("example_serve_with_triton", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    try:
+        actions = example.main(str(tmp_path))  # asserts each action against InferenceManager
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot start on this machine: {exc}")
+    assert sorted(actions) == [1, 2] and all(len(a) == 10 for a in actions.values())
+    assert actions[1] != actions[2]  # two robots, two observation streams, two states
+    assert os.path.exists(tmp_path / "triton_repository" / "sample_feedback_graph"
+                          / "config.pbtxt")
