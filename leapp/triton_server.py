@@ -150,6 +150,8 @@ class TritonServer:
                 "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
                 "--allow-metrics=false", "--allow-gpu-metrics=false",
                 "--exit-timeout-secs=5",
+                # the generated configs are complete: no model-level stub to ask the models
+                "--disable-auto-complete-config",
             ]
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -194,14 +196,13 @@ class TritonServer:
         """Stop the server by its process id (SIGTERM, then SIGKILL after ``timeout``)."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
-            # the stub processes are the server's children in its own session
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            # SIGTERM to the server alone: it unloads the models and stops their stubs
+            # itself (the stubs' shared memory is released then)
+            process.send_signal(signal.SIGTERM)
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
+                # its own session: the group holds the server and its stubs
                 try:
                     os.killpg(process.pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import onnxruntime as ort
+import pytest
 import torch
 import yaml
 
@@ -189,3 +190,21 @@ def test_getting_started_notebook_is_valid_and_runs_as_code(tmp_path):
                             cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "my_pipeline" / "my_pipeline.yaml").exists()
+
+
+def test_serve_with_triton_example(tmp_path):
+    """Two robots served by a real tritonserver, every action equal to InferenceManager's."""
+    from support import under_sanitizer
+    if under_sanitizer():
+        pytest.skip("the ASan preload is inherited by tritonserver and its python stubs")
+    pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
+    from leapp.triton_server import TritonUnavailable
+    example = _load("serve_with_triton")
+    try:
+        actions = example.main(str(tmp_path))  # asserts each action against InferenceManager
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot start on this machine: {exc}")
+    assert sorted(actions) == [1, 2] and all(len(a) == 10 for a in actions.values())
+    assert actions[1] != actions[2]  # two observation streams, two states on the server
+    assert os.path.exists(tmp_path / "triton_repository" / "sample_feedback_graph"
+                          / "config.pbtxt")

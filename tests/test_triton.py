@@ -9,7 +9,7 @@ InferenceManager runs of the same bundles.  The server is stopped by its pid.
 """
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import io
 import os
 import shutil
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 import leapp
 from leapp import InferenceManager, annotate
-from support import ROOT, under_sanitizer
+from support import under_sanitizer
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2",
                     reason="tritonclient[grpc] is not installed (pip install -e '.[test]')")
@@ -205,7 +205,6 @@ def test_refusals_leave_nothing_behind(bundles, tmp_path):
 
 def test_cli(bundles, tmp_path):
     out = io.StringIO()
-    import contextlib
     with contextlib.redirect_stdout(out):
         assert cli.main(["triton", bundles["fb"], str(tmp_path / "repo"),
                          "--fused", bundles["fused"], "--serve-with", "python"]) == 0
@@ -302,20 +301,3 @@ def test_served_ensemble(bundles, server):
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
     client.close()
 
-
-def test_serve_with_triton_example(tmp_path):
-    if under_sanitizer():
-        pytest.skip("the ASan preload is inherited by tritonserver and its python stubs")
-    from leapp.triton_server import TritonUnavailable
-    path = os.path.join(ROOT, "examples", "serve_with_triton.py")
-    spec = importlib.util.spec_from_file_location("example_serve_with_triton", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    try:
-        actions = example.main(str(tmp_path))  # asserts each action against InferenceManager
-    except TritonUnavailable as exc:
-        pytest.skip(f"tritonserver cannot start on this machine: {exc}")
-    assert sorted(actions) == [1, 2] and all(len(a) == 10 for a in actions.values())
-    assert actions[1] != actions[2]  # two robots, two observation streams, two states
-    assert os.path.exists(tmp_path / "triton_repository" / "sample_feedback_graph"
-                          / "config.pbtxt")
