@@ -719,8 +719,6 @@ def record(yaml_path: str, fused_path: str, format: str) -> None:
                        "format_version": FORMAT_VERSION}
     text = _without_section(text, YAML_KEY)
     text = text.rstrip("\n") + "\n\n" + _core.emit_yaml([{YAML_KEY: current}])
-    # messages name the final place (compile_graph fuses the bundle it stages)
-    shown = out if _shown_dir is None else os.path.join(_shown_dir, os.path.basename(out))
     fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", dir=bundle)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
