@@ -270,28 +270,42 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
         from ._safe_load import load_pt2
         program = load_pt2(entry.model_path)
         module = _traced_pt2(program, args) if not _has_control_flow(program) else None
+    model = None
     if module is not None:
-        # TorchScript's exporter: a straight-line graph exports in milliseconds
-        with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, \
-                warnings.catch_warnings():
-            # the exporter warns that a ScriptModule's inputs are taken as given
-            warnings.simplefilter("ignore", UserWarning)
-            path = os.path.join(tmp, "node.onnx")
-            torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
-                              output_names=out_names, opset_version=min(opset, default_opset()))
-            model = onnx.load(path)
-    elif program is not None:
-        # torch.cond / while_loop: only the dynamo exporter keeps both branches
+        try:
+            model = _torchscript_onnx(module, args, in_names, out_names,
+                                      min(opset, default_opset()))
+        except Exception as exc:
+            # an op the TorchScript exporter lacks (aten::gru_cell): through
+            # torch.export, whose decompositions the dynamo exporter covers
+            logger.debug("Node %s: TorchScript ONNX export failed (%s); using the dynamo "
+                         "exporter", name, exc)
+            if program is None:
+                from torch._export.converter import TS2EPConverter
+                program = TS2EPConverter(module, args).convert()
+    if model is None:
+        # torch.cond / while_loop, or a converted TorchScript graph: the dynamo exporter
         exported = torch.onnx.export(program, args, None, dynamo=True, opset_version=opset,
                                      input_names=in_names, output_names=out_names,
                                      optimize=True, verbose=False)
         model = exported.model_proto
-    else:  # InferenceNode refuses other backends before we get here
-        raise AssertionError(backend)
     graph_inputs = _graph_input_names(model)
     mapping = [n if n in graph_inputs else None for n in in_names]
     outputs = [o.name for o in model.graph.output]
     return model, mapping, outputs
+
+
+def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
+                      out_names: list[str], opset: int) -> Any:
+    """TorchScript's exporter: a straight-line graph exports in milliseconds."""
+    import onnx
+    with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, warnings.catch_warnings():
+        # the exporter warns that a ScriptModule's inputs are taken as given
+        warnings.simplefilter("ignore", UserWarning)
+        path = os.path.join(tmp, "node.onnx")
+        torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
+                          output_names=out_names, opset_version=opset)
+        return onnx.load(path)
 
 
 def _has_control_flow(program: Any) -> bool:
@@ -361,8 +375,9 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
         except Exception as exc:
             _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
                   f"be converted to ONNX for the fused model: {type(exc).__name__}: "
-                  f"{quote(' '.join(str(exc).split()), 400)}. Fuse to format='torchscript' "
-                  "or export the node with export_with='onnx'.")
+                  f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
+                  "export_with='onnx' and compile again"
+                  + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
         model = _to_opset(name, model, opset)
         if len(out_names) != len(entry.output_names):
             _fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
