@@ -400,7 +400,7 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
             elif kind == "node":
                 source = produced[what]
             else:
-                source = f"{prefix}constant::{port}"
+                source = f"leapp::constant::{index}::{port}"  # outside every prefix
                 initializers.append(numpy_helper.from_array(what.numpy(), source))
             nodes.append(helper.make_node("Identity", [source], [target],
                                           name=f"{prefix}feed::{port}"))
@@ -463,10 +463,13 @@ class _Pipeline(torch.nn.Module):
             key = f"n{i}"
             self.steps[key] = modules[name]
             self._keys[name] = key
+        self._constants: dict[tuple[str, str], str] = {}
         for name, feeds in the_plan.feeds.items():
             for port, (kind, what) in feeds.items():
                 if kind == "constant":
-                    self.register_buffer(f"c_{self._keys[name]}_{len(self._buffers)}", what)
+                    buffer = f"c_{self._keys[name]}_{len(self._constants)}"
+                    self.register_buffer(buffer, what)
+                    self._constants[(name, port)] = buffer
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         the_plan = self.plan
@@ -474,7 +477,6 @@ class _Pipeline(torch.nn.Module):
         values.update({s.input: a for s, a in zip(the_plan.states,
                                                   args[len(the_plan.inputs):])})
         produced: dict[tuple[str, str], torch.Tensor] = {}
-        constants = iter(self._buffers.values())
         for name in the_plan.order:
             entry = self.manager.nodes[name]
             call_args = []
@@ -485,7 +487,7 @@ class _Pipeline(torch.nn.Module):
                 elif kind == "node":
                     call_args.append(produced[what])
                 else:
-                    call_args.append(next(constants))
+                    call_args.append(getattr(self, self._constants[(name, port)]))
             result = self.steps[self._keys[name]](*call_args)
             if isinstance(result, torch.Tensor):
                 result = (result,)

@@ -344,3 +344,45 @@ def test_metadata_is_json_with_the_documented_fields(bundles, tmp_path):
                          "state"}
     for state in meta["state"]:
         assert set(state) == {"input", "output", "dtype", "shape", "initial"}
+
+
+def test_jit_gru_cell_reaches_onnx_through_torch_export(tmp_path):
+    """aten::gru_cell has no TorchScript-exporter symbolic: the converter path takes it."""
+    gru = torch.nn.GRUCell(6, 8).eval()
+    leapp.start("gru", save_path=str(tmp_path))
+    with torch.no_grad():
+        hidden = torch.zeros(1, 8)
+        for _ in range(2):
+            x = annotate.input_tensors("memory", {"obs": torch.randn(1, 6)})
+            h = annotate.state_tensors("memory", {"hidden": hidden})
+            h_new = gru(x, h)
+            hidden = annotate.update_state("memory", {"hidden": h_new})
+            annotate.output_tensors("memory", {"latent": h_new * 1.0}, export_with="jit")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    yaml_path = str(tmp_path / "gru" / "gru.yaml")
+    path = leapp.fuse(yaml_path)
+    ops = {node.op_type for node in onnx.load(path).graph.node}
+    assert "Sigmoid" in ops and "Tanh" in ops  # the cell, decomposed
+    _run_side_by_side(FusedModel(path), InferenceManager(yaml_path))
+
+
+@pytest.mark.parametrize("format", ["onnx", "torchscript"])
+def test_input_no_edge_feeds_is_a_constant(bundles, tmp_path, format):
+    """An input the YAML leaves unfed keeps InferenceManager's zeros: a constant."""
+    yaml_path = _copy(bundles["nested_io" if format == "torchscript" else "declared_state"],
+                      tmp_path)
+    with open(yaml_path) as handle:
+        text = handle.read()
+    if format == "torchscript":
+        edited = text.replace("reader: [arm_left, arm_right, base_0, base_1]",
+                              "reader: [arm_left, arm_right, base_1]")
+        dropped = "reader/base_0"
+    else:
+        edited = text.replace("    controller: [frozen]\n", "")
+        dropped = "controller/frozen"
+    assert edited != text
+    with open(yaml_path, "w") as handle:
+        handle.write(edited)
+    meta = read_metadata(leapp.fuse(yaml_path, format=format))  # validated against IM
+    assert dropped not in [p["name"] for p in meta["inputs"]]
