@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ._safe_load import BundleError, quote
+from ._safe_load import quote
 
 logger = logging.getLogger("leapp")
 
@@ -251,6 +251,7 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     from .backends.onnx import default_opset
 
     backend = entry.backend
+    model: Any = None
     if backend == "onnx":
         model = onnx.load(entry.model_path)
         graph_inputs = _graph_input_names(model)
@@ -263,14 +264,13 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
     out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     args = _example_inputs(entry)
-    program = None
+    program: Any = None
     if backend == "jit":
         module = torch.jit.load(entry.model_path, map_location="cpu").eval()
     else:
         from ._safe_load import load_pt2
         program = load_pt2(entry.model_path)
         module = _traced_pt2(program, args) if not _has_control_flow(program) else None
-    model = None
     if module is not None:
         try:
             model = _torchscript_onnx(module, args, in_names, out_names,
@@ -285,9 +285,9 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
                 program = TS2EPConverter(module, args).convert()
     if model is None:
         # torch.cond / while_loop, or a converted TorchScript graph: the dynamo exporter
-        exported = torch.onnx.export(program, args, None, dynamo=True, opset_version=opset,
-                                     input_names=in_names, output_names=out_names,
-                                     optimize=True, verbose=False)
+        exported: Any = torch.onnx.export(program, args, None, dynamo=True,
+                                          opset_version=opset, input_names=in_names,
+                                          output_names=out_names, optimize=True, verbose=False)
         model = exported.model_proto
     graph_inputs = _graph_input_names(model)
     mapping = [n if n in graph_inputs else None for n in in_names]
@@ -861,5 +861,4 @@ def fuse_staged(staging: str, bundle: str, graph: str,
                 allow_external_paths=allow_external_paths, _shown_dir=bundle)
 
 
-__all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate",
-           "BundleError"]
+__all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate"]
