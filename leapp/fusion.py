@@ -211,6 +211,12 @@ def plan(manager: Any) -> Plan:
                   f"{quote(name)}. Rename the port {quote(key)}.")
         outputs.append(Port(name, dtype, shape, key))
         outputs_from.append((node, port))
+        taken.add(name)
+    names = [p.name for p in inputs] + [s.input for s in states] + [s.output for s in states]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
+              f"{quote(twice[0])} (a port named like another's state output). Rename the port.")
     return Plan(pipeline, os.path.dirname(os.path.abspath(manager.model_path)),
                 list(manager.run_order), inputs, outputs, outputs_from, states, feeds)
 
