@@ -210,8 +210,8 @@ def test_outputs_named_like_inputs_get_a_suffix(bundles, tmp_path):
                        "reader/base_1": "reader/base_1__out"}
 
 
-def _two_nodes(out: str, fuse: bool, byom: str | None = None, second: str = "onnx"):
-    """a (pt2, declared state h) -> b (ONNX, or the BYOM file byom)."""
+def _two_nodes(out: str, fuse: bool, byom: str | None = None):
+    """a (jit, declared state h) -> b (onnx-torchscript, or the BYOM file byom)."""
     linear = torch.nn.Linear(4, 4)
     leapp.start("two", save_path=out)
     with torch.no_grad():
@@ -220,11 +220,11 @@ def _two_nodes(out: str, fuse: bool, byom: str | None = None, second: str = "onn
             h = annotate.state_tensors("a", {"h": torch.full((1, 4), 0.5)})
             nh = torch.tanh(linear(x) + h)
             annotate.update_state("a", {"h": nh})
-            y = annotate.output_tensors("a", {"y": nh * 2}, export_with="pt2")
+            y = annotate.output_tensors("a", {"y": nh * 2}, export_with="jit")
             z = annotate.input_tensors("b", {"y": y})
             params = {"model_path": byom} if byom else None
             annotate.output_tensors("b", {"z": torch.relu(z) + 1},
-                                    export_with=None if byom else second,
+                                    export_with=None if byom else "onnx-torchscript",
                                     backend_params=params)
     leapp.stop()
     return leapp.compile_graph(visualize=False, fuse=fuse)
