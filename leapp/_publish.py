@@ -166,6 +166,10 @@ def _referenced(bundle: str, graph: str) -> set[str]:
     pipeline = description.get("pipeline")
     if isinstance(pipeline, dict):
         names |= inside(pipeline.get("initial_values"))
+    fused = description.get("fused")  # leapp.fuse's models (compile_graph(fuse=True))
+    for entry in (fused.values() if isinstance(fused, dict) else ()):
+        if isinstance(entry, dict):
+            names |= inside(entry.get("model_path"))
     return names
 
 

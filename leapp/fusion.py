@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ._safe_load import BundleError, quote
+from ._safe_load import quote
 
 logger = logging.getLogger("leapp")
 
@@ -52,6 +52,8 @@ METADATA_KEY = "leapp_fused"
 TORCHSCRIPT_EXTRA_FILE = "leapp_fused.json"
 #: Suffix of a state output's name.
 STATE_SUFFIX = "__next"
+#: Suffix of a data output named like an input ("reader/base" in and out).
+OUTPUT_SUFFIX = "__out"
 #: Top-level YAML key recording fused models (upstream's reader ignores it).
 YAML_KEY = "fused"
 #: Steps the fused model is run next to InferenceManager before it is accepted.
@@ -82,9 +84,13 @@ class Port:
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    key: str | None = None  # the YAML's "node/port" where the name differs from it
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": _DTYPE_NAMES[self.dtype], "shape": list(self.shape)}
+        entry = {"name": self.name, "dtype": _DTYPE_NAMES[self.dtype], "shape": list(self.shape)}
+        if self.key is not None and self.key != self.name:
+            entry["key"] = self.key
+        return entry
 
 
 @dataclass
@@ -191,18 +197,26 @@ def plan(manager: Any) -> Plan:
             if port not in feeds[name]:
                 value = manager._program.get(manager._slot_of[(name, port)])
                 feeds[name][port] = ("constant", value.detach().cpu().clone())
+    taken = {p.name for p in inputs} | {s.input for s in states} | {s.output for s in states}
     outputs = []
     outputs_from = []
     for node, port in manager._graph_ports("outputs"):
         dtype, shape = port_of(node, port, "output")
-        outputs.append(Port(f"{node}/{port}", dtype, shape))
+        key = f"{node}/{port}"
+        # a node's input and output may share a port name (a pass-through), and
+        # both be graph ports: one model cannot name two values alike
+        name = f"{key}{OUTPUT_SUFFIX}" if key in taken else key
+        if name in taken:
+            _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
+                  f"{quote(name)}. Rename the port {quote(key)}.")
+        outputs.append(Port(name, dtype, shape, key))
         outputs_from.append((node, port))
-    names = [p.name for p in inputs] + [s.input for s in states]
-    clash = sorted({p.name for p in outputs} & set(names)) or sorted(
-        {s.output for s in states} & set(names + [p.name for p in outputs]))
-    if clash:
+        taken.add(name)
+    names = [p.name for p in inputs] + [s.input for s in states] + [s.output for s in states]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
         _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
-              f"{quote(clash[0])} (an output named like an input). Rename the port.")
+              f"{quote(twice[0])} (a port named like another's state output). Rename the port.")
     return Plan(pipeline, os.path.dirname(os.path.abspath(manager.model_path)),
                 list(manager.run_order), inputs, outputs, outputs_from, states, feeds)
 
@@ -243,6 +257,7 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     from .backends.onnx import default_opset
 
     backend = entry.backend
+    model: Any = None
     if backend == "onnx":
         model = onnx.load(entry.model_path)
         graph_inputs = _graph_input_names(model)
@@ -255,29 +270,65 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
     out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     args = _example_inputs(entry)
+    program: Any = None
     if backend == "jit":
         module = torch.jit.load(entry.model_path, map_location="cpu").eval()
-        with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, \
-                warnings.catch_warnings():
-            # the exporter warns that a ScriptModule's inputs are taken as given
-            warnings.simplefilter("ignore", UserWarning)
-            path = os.path.join(tmp, "node.onnx")
-            torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
-                              output_names=out_names, opset_version=min(opset, default_opset()))
-            model = onnx.load(path)
-    elif backend == "pt2":
+    else:
         from ._safe_load import load_pt2
         program = load_pt2(entry.model_path)
-        exported = torch.onnx.export(program, args, None, dynamo=True, opset_version=opset,
-                                     input_names=in_names, output_names=out_names,
-                                     optimize=True, verbose=False)
+        module = _traced_pt2(program, args) if not _has_control_flow(program) else None
+    if module is not None:
+        try:
+            model = _torchscript_onnx(module, args, in_names, out_names,
+                                      min(opset, default_opset()))
+        except Exception as exc:
+            # an op the TorchScript exporter lacks (aten::gru_cell): through
+            # torch.export, whose decompositions the dynamo exporter covers
+            logger.debug("Node %s: TorchScript ONNX export failed (%s); using the dynamo "
+                         "exporter", name, exc)
+            if program is None:
+                from torch._export.converter import TS2EPConverter
+                program = TS2EPConverter(module, args).convert()
+    if model is None:
+        # torch.cond / while_loop, or a converted TorchScript graph: the dynamo exporter
+        exported: Any = torch.onnx.export(program, args, None, dynamo=True,
+                                          opset_version=opset, input_names=in_names,
+                                          output_names=out_names, optimize=True, verbose=False)
         model = exported.model_proto
-    else:  # InferenceNode refuses other backends before we get here
-        raise AssertionError(backend)
     graph_inputs = _graph_input_names(model)
     mapping = [n if n in graph_inputs else None for n in in_names]
     outputs = [o.name for o in model.graph.output]
     return model, mapping, outputs
+
+
+def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
+                      out_names: list[str], opset: int) -> Any:
+    """TorchScript's exporter: a straight-line graph exports in milliseconds."""
+    import onnx
+    with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, warnings.catch_warnings():
+        # the exporter warns that a ScriptModule's inputs are taken as given
+        warnings.simplefilter("ignore", UserWarning)
+        path = os.path.join(tmp, "node.onnx")
+        torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
+                          output_names=out_names, opset_version=opset)
+        return onnx.load(path)
+
+
+def _has_control_flow(program: Any) -> bool:
+    """Whether a torch.export program holds higher-order ops (cond, while_loop, ...).
+
+    Tracing runs one branch of those; a straight-line aten graph (what leapp's
+    pt2 backend writes) traces exactly.
+    """
+    return any(node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+               for node in program.graph.nodes)
+
+
+def _traced_pt2(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
+    """A straight-line torch.export program as TorchScript (traced once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.jit.trace(program.module(), args, check_trace=False, strict=False)
 
 
 def _graph_input_names(model: Any) -> list[str]:
@@ -330,8 +381,9 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
         except Exception as exc:
             _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
                   f"be converted to ONNX for the fused model: {type(exc).__name__}: "
-                  f"{quote(' '.join(str(exc).split()), 400)}. Fuse to format='torchscript' "
-                  "or export the node with export_with='onnx'.")
+                  f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
+                  "export_with='onnx' and compile again"
+                  + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
         model = _to_opset(name, model, opset)
         if len(out_names) != len(entry.output_names):
             _fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
@@ -354,7 +406,7 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
             elif kind == "node":
                 source = produced[what]
             else:
-                source = f"{prefix}constant::{port}"
+                source = f"leapp::constant::{index}::{port}"  # outside every prefix
                 initializers.append(numpy_helper.from_array(what.numpy(), source))
             nodes.append(helper.make_node("Identity", [source], [target],
                                           name=f"{prefix}feed::{port}"))
@@ -417,10 +469,13 @@ class _Pipeline(torch.nn.Module):
             key = f"n{i}"
             self.steps[key] = modules[name]
             self._keys[name] = key
+        self._constants: dict[tuple[str, str], str] = {}
         for name, feeds in the_plan.feeds.items():
             for port, (kind, what) in feeds.items():
                 if kind == "constant":
-                    self.register_buffer(f"c_{self._keys[name]}_{len(self._buffers)}", what)
+                    buffer = f"c_{self._keys[name]}_{len(self._constants)}"
+                    self.register_buffer(buffer, what)
+                    self._constants[(name, port)] = buffer
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         the_plan = self.plan
@@ -428,7 +483,6 @@ class _Pipeline(torch.nn.Module):
         values.update({s.input: a for s, a in zip(the_plan.states,
                                                   args[len(the_plan.inputs):])})
         produced: dict[tuple[str, str], torch.Tensor] = {}
-        constants = iter(self._buffers.values())
         for name in the_plan.order:
             entry = self.manager.nodes[name]
             call_args = []
@@ -439,7 +493,7 @@ class _Pipeline(torch.nn.Module):
                 elif kind == "node":
                     call_args.append(produced[what])
                 else:
-                    call_args.append(next(constants))
+                    call_args.append(getattr(self, self._constants[(name, port)]))
             result = self.steps[self._keys[name]](*call_args)
             if isinstance(result, torch.Tensor):
                 result = (result,)
@@ -460,10 +514,13 @@ def build_torchscript(the_plan: Plan, manager: Any) -> Any:
         if entry.backend == "jit":
             modules[name] = torch.jit.load(entry.model_path, map_location="cpu").eval()
         elif entry.backend == "pt2":
-            module = load_pt2(entry.model_path).module()
+            program = load_pt2(entry.model_path)
+            if _has_control_flow(program):
+                _fail(f"Node {quote(name)} (pt2) holds control flow (torch.cond or a loop), "
+                      "which tracing into TorchScript would cut to one branch. Fuse to "
+                      "format='onnx' instead.")
             try:
-                modules[name] = torch.jit.trace(module, _example_inputs(entry),
-                                                check_trace=False, strict=False)
+                modules[name] = _traced_pt2(program, _example_inputs(entry))
             except Exception as exc:
                 _fail(f"Node {quote(name)} (pt2) could not be traced into TorchScript for the "
                       f"fused model: {type(exc).__name__}: {quote(str(exc), 400)}. Fuse to "
@@ -528,6 +585,8 @@ class FusedModel:
         self.metadata = read_metadata(self.path)
         self.input_names = [p["name"] for p in self.metadata["inputs"]]
         self.output_names = [p["name"] for p in self.metadata["outputs"]]
+        #: the YAML's "node/port" of each output (``step`` returns these keys)
+        self.output_keys = [p.get("key", p["name"]) for p in self.metadata["outputs"]]
         self.state_inputs = [s["input"] for s in self.metadata["state"]]
         self.state_outputs = [s["output"] for s in self.metadata["state"]]
         self._initial = initial_state(self.metadata)
@@ -570,7 +629,7 @@ class FusedModel:
         results = self._run(args)
         count = len(self.output_names)
         self.state = dict(zip(self.state_inputs, results[count:]))
-        return dict(zip(self.output_names, results[:count]))
+        return dict(zip(self.output_keys, results[:count]))
 
 
 # ---- validation -------------------------------------------------------------------
@@ -578,17 +637,18 @@ class FusedModel:
 
 def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
              rtol: float = 1e-3, atol: float = 1e-5, allow_external_paths: bool = False,
-             seed: int = 0) -> None:
+             seed: int = 0, shown: str | None = None) -> None:
     """Run the fused model and ``InferenceManager`` side by side for ``steps`` steps.
 
     ``yaml_path`` is the bundle's YAML (or an ``InferenceManager`` already
     loaded from it, which is reset first).  Both get the same random inputs
     each step; the fused model carries its own state.  Raises
     :class:`FuseError` naming the step and the output (data or state) that
-    differs.
+    differs (as ``shown``, where the file is not yet at its final path).
     """
     from .inference_manager import InferenceManager
 
+    shown = path if shown is None else shown
     if isinstance(yaml_path, InferenceManager):
         manager = yaml_path
         manager.reset()
@@ -602,7 +662,7 @@ def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
             inputs[name] = _random(tuple(port["shape"]), manager, name, generator)
         expected = manager.run_policy({k: v.clone() for k, v in inputs.items()})
         actual = fused.step(inputs)
-        pairs = [(name, expected[name], actual[name]) for name in fused.output_names]
+        pairs = [(name, expected[name], actual[name]) for name in fused.output_keys]
         for state, entry in zip(fused.state_inputs, fused.metadata["state"]):
             node, port = state.split("/", 1)
             # InferenceManager holds the target's next value in its input buffer
@@ -611,16 +671,16 @@ def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
         for name, want, got in pairs:
             got = got.to(want.device)
             if want.shape != got.shape or want.dtype != got.dtype:
-                _fail(f"Fused model {quote(path)}: step {step}, {quote(name)} is "
+                _fail(f"Fused model {quote(shown)}: step {step}, {quote(name)} is "
                       f"{got.dtype} {tuple(got.shape)} but InferenceManager gives "
                       f"{want.dtype} {tuple(want.shape)}")
             if not _close(want, got, rtol, atol):
                 worst = (want.double() - got.double()).abs().max().item() \
                     if want.dtype != torch.bool else float("nan")
-                _fail(f"Fused model {quote(path)} differs from InferenceManager at step "
+                _fail(f"Fused model {quote(shown)} differs from InferenceManager at step "
                       f"{step} on {quote(name)} (largest difference {worst:.3g}, rtol={rtol}, "
                       f"atol={atol}). The bundle was not fused faithfully: please report it.")
-    logger.info("Fused model %s matches InferenceManager over %d steps", path, steps)
+    logger.info("Fused model %s matches InferenceManager over %d steps", shown, steps)
 
 
 def _random(shape: tuple[int, ...], manager: Any, name: str,
@@ -732,7 +792,7 @@ def _without_section(text: str, key: str) -> str:
 
 def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
          validate_steps: int = VALIDATION_STEPS, rtol: float = 1e-3, atol: float = 1e-5,
-         allow_external_paths: bool = False) -> str:
+         allow_external_paths: bool = False, _shown_dir: str | None = None) -> str:
     """Fuse a compiled bundle into one model that runs one step of the whole pipeline.
 
     Args:
@@ -771,6 +831,8 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
     out = os.fspath(out)
     directory = os.path.dirname(os.path.abspath(out))
     os.makedirs(directory, exist_ok=True)
+    # messages name the final place (compile_graph fuses the bundle it stages)
+    shown = out if _shown_dir is None else os.path.join(_shown_dir, os.path.basename(out))
     fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", suffix=FORMATS[format], dir=directory)
     os.close(fd)
     try:
@@ -781,7 +843,9 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
             extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(the_plan.metadata())}
             from .backends import save_via_memory
             save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
-        validate(tmp, manager, validate_steps, rtol, atol)
+        validate(tmp, manager, validate_steps, rtol, atol, shown=shown)
+        from ._publish import _umask
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is no file mode of a bundle
         os.replace(tmp, out)
     except BaseException:
         for leftover in (tmp,):
@@ -789,10 +853,18 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
                 os.unlink(leftover)
         raise
     logger.info("Fused %d nodes of %s into %s (%d state pairs)", len(the_plan.order),
-                the_plan.pipeline, out, len(the_plan.states))
+                the_plan.pipeline, shown, len(the_plan.states))
     record(yaml_path, out, format)
     return out
 
 
-__all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate",
-           "BundleError"]
+def fuse_staged(staging: str, bundle: str, graph: str,
+                allow_external_paths: bool = False) -> str:
+    """compile_graph(fuse=True): fuse the bundle being staged, before its commit."""
+    from ._logging import section
+    section("Fusing the pipeline into one ONNX model")
+    return fuse(os.path.join(staging, f"{graph}.yaml"), format="onnx",
+                allow_external_paths=allow_external_paths, _shown_dir=bundle)
+
+
+__all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate"]

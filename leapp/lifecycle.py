@@ -303,13 +303,18 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
 
 def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
                   dry_run: bool = False, rtol: float = 1e-3, atol: float = 1e-5,
-                  strict: bool = True, graph_configs: GraphConfigs | None = None) -> Any:
+                  strict: bool = True, graph_configs: GraphConfigs | None = None,
+                  fuse: bool = False) -> Any:
     """Export every node, write the YAML, the initial values, the PNG and validate.
 
     The new bundle is built beside the old one and validated there, each model
     loaded as InferenceManager loads it; then it replaces the old bundle in one
     step (leapp._publish).  An error before that leaves the old bundle as it was;
     a full disk raises BundleWriteError (an OSError) naming the bundle.
+
+    fuse=True also writes <graph>_fused.onnx, the whole pipeline as one model
+    (leapp.fuse, docs/fuse.md), validated against the bundle and recorded in
+    the YAML, in the same commit.
 
     Returns {node: True | False | exception} when validating (a CompileResult: a
     dict that also displays inline in notebooks), else True.
@@ -357,6 +362,9 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                 if strict and failure is not None:
                     logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
+            if fuse and not skip_export:
+                from .fusion import fuse_staged
+                fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
             _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
             _checkpoint("ready")
