@@ -100,8 +100,11 @@ class TritonPythonModel:
             self.states.pop(corrid, None)
         else:
             self.states[corrid] = model.state
+        # tensors carry the fused model's output names ("<node>/<port>", or
+        # "<node>/<port>__out" where an input has that name); step() keys by the YAML's
+        keys = getattr(model, "output_keys", model.output_names)
         return pb_utils.InferenceResponse(
-            [_output(name, value) for name, value in outputs.items()])
+            [_output(name, outputs[key]) for name, key in zip(model.output_names, keys)])
 
     def finalize(self) -> None:
         self.states = {}

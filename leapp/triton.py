@@ -266,14 +266,26 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
     edges = _flows(pipeline, "data_flow")
     graph_inputs = _graph_ports(pipeline, "inputs")
     graph_outputs = _graph_ports(pipeline, "outputs")
-    fed = {target: source for source, target in edges}
+    input_keys = {f"{n}/{p}" for n, p in graph_inputs}
+
+    def tensor_of(key: str) -> str:
+        # an output named like a graph input of its node gets "__out", as in fused models
+        return f"{key}__out" if key in input_keys else key
+
+    fed = {target: tensor_of(source) for source, target in edges}
     taken: set[str] = set()
     entry = model_name(graph, taken)
     ports: dict[str, _Port] = {}
+    outputs_of: dict[str, _Port] = {}
     for node, description in models.items():
-        for side in ("inputs", "outputs"):
-            for port in _ports((description or {}).get(side), node, side):
-                ports[f"{node}/{port.name}"] = port
+        for port in _ports((description or {}).get("inputs"), node, "inputs"):
+            ports[f"{node}/{port.name}"] = port
+        for port in _ports((description or {}).get("outputs"), node, "outputs"):
+            outputs_of[f"{node}/{port.name}"] = port
+    for key in [f"{n}/{p}" for n, p in graph_inputs if f"{n}/{p}" not in ports] + \
+            [f"{n}/{p}" for n, p in graph_outputs if f"{n}/{p}" not in outputs_of]:
+        raise TritonRepositoryError(f"graph port {key!r} of the pipeline section is not a port "
+                                    "of its node in the models section; recompile the bundle")
     consumed = {source for source, _ in edges} | {f"{n}/{p}" for n, p in graph_outputs}
     mc = _config_module()
     ensemble = mc.ModelConfig(name=entry, platform="ensemble", max_batch_size=0)
@@ -295,15 +307,16 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
             step.input_map[tensor] = source
         for port, tensor in out_names.items():
             if f"{node}/{port}" in consumed:
-                step.output_map[tensor] = f"{node}/{port}"
+                step.output_map[tensor] = tensor_of(f"{node}/{port}")
     for node, port in graph_inputs:
         key = f"{node}/{port}"
         _tensor(ensemble.input.add(), key, ports[key])
         result.inputs[key] = (_DTYPES[ports[key].dtype][1], ports[key].shape or [1])
     for node, port in graph_outputs:
         key = f"{node}/{port}"
-        _tensor(ensemble.output.add(), key, ports[key])
-        result.outputs[key] = (_DTYPES[ports[key].dtype][1], ports[key].shape or [1])
+        _tensor(ensemble.output.add(), tensor_of(key), outputs_of[key])
+        result.outputs[tensor_of(key)] = (_DTYPES[outputs_of[key].dtype][1],
+                                          outputs_of[key].shape or [1])
     _write_model(staging, entry, ensemble)
     result.models.append(entry)
     result.entry = entry
