@@ -203,6 +203,24 @@ def test_refusals_leave_nothing_behind(bundles, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bundle", "taken"]
 
 
+def test_output_named_like_a_graph_input(bundle, tmp_path):
+    # an ensemble cannot have an input and an output of one name: "__out", as in fused models
+    leapp.start(name="same_name", save_path=bundle.root)
+    x = annotate.input_tensors("twice", {"x": torch.randn(3)})
+    annotate.output_tensors("twice", {"x": x * 2.0}, export_with="jit")
+    leapp.stop()
+    leapp.compile_graph()
+    result = write_repository(os.path.join(bundle.dir("same_name"), "same_name.yaml"),
+                              str(tmp_path / "repo"), serve_with="python")
+    ensemble = read_config(str(tmp_path / "repo" / "same_name" / "config.pbtxt"))
+    assert [t.name for t in ensemble.input] == ["twice/x"]
+    assert [t.name for t in ensemble.output] == ["twice/x__out"]
+    (step,) = ensemble.ensemble_scheduling.step
+    assert dict(step.input_map) == {"x": "twice/x"}
+    assert dict(step.output_map) == {"x": "twice/x__out"}
+    assert list(result.outputs) == ["twice/x__out"]
+
+
 def test_cli(bundles, tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
