@@ -289,7 +289,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default); python: every model in the python backend")
     triton.add_argument("--fused", metavar="MODEL",
                         help="a fused model of the bundle (leapp.fuse) to serve; by default "
-                        "a bundle with feedback is fused for the repository")
+                        "the one the YAML records, else the bundle is fused for the "
+                        "repository")
     triton.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
                         help="robots (correlation IDs) served at once (default 64)")
     triton.set_defaults(run=cmd_triton)

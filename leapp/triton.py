@@ -324,8 +324,32 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
 
 # ---- feedback: the fused model under the sequence batcher ----------------------------------
 
+def _recorded_fused(yaml_path: str, recorded: Any) -> str | None:
+    """The fused ONNX the YAML records (``compile_graph(fuse=True)``), if its sha256 holds."""
+    import hashlib
+
+    from ._safe_load import bundle_file
+    entry = (recorded or {}).get("onnx") if isinstance(recorded, Mapping) else None
+    if not isinstance(entry, Mapping) or entry.get("format_version") != 1:
+        return None
+    try:
+        path = bundle_file(os.path.dirname(os.path.abspath(yaml_path)), entry.get("model_path"),
+                           "recorded fused model")
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except (OSError, ValueError):
+        return None
+    if digest.hexdigest() != entry.get("sha256sum"):
+        logger.warning("The fused model recorded in %s does not match its sha256; fusing the "
+                       "bundle again for the Triton repository", yaml_path)
+        return None
+    return path
+
+
 def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
-              serve_with: str, max_sequences: int, idle_seconds: float,
+              recorded: Any, serve_with: str, max_sequences: int, idle_seconds: float,
               result: TritonRepository) -> None:
     import base64
 
@@ -333,9 +357,15 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
     mc = _config_module()
     name = model_name(graph, set())
     if fused_model is None:
+        fused_model = _recorded_fused(yaml_path, recorded)
+    if fused_model is None:
         # fused next to the staged repository, so the bundle (and its YAML) stays untouched
         fused_model = fuse(yaml_path, out=os.path.join(staging, f".{name}_fused.onnx"))
     metadata = read_metadata(fused_model)
+    if metadata.get("pipeline") != graph:
+        raise TritonRepositoryError(
+            f"fused model {fused_model} is of pipeline {metadata.get('pipeline')!r}, not "
+            f"{graph!r}; give the bundle's own fused model (leapp.fuse({yaml_path!r}))")
     suffix = ".onnx" if fused_model.endswith(".onnx") else ".pt"
     data_in = [(p["name"], _Port(p["name"], p["dtype"], list(p["shape"])))
                for p in metadata["inputs"]]
@@ -410,8 +440,9 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
             a TorchScript fused model; ``"python"``: every model in the python
             backend, which needs leapp installed where ``tritonserver`` runs.
         fused_model: a fused model of the bundle (``leapp.fuse``) for a bundle with
-            feedback; by default the bundle is fused (ONNX) for the repository,
-            leaving the bundle itself untouched.  Ignored for feed-forward bundles.
+            feedback; by default the fused ONNX the YAML records (its sha256 checked),
+            else the bundle is fused for the repository, leaving the bundle itself
+            untouched.  Ignored for feed-forward bundles.
         max_sequences: robots (correlation IDs) one sequence model interleaves.
         sequence_idle_seconds: a sequence idle this long is dropped by the server.
 
@@ -445,8 +476,8 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
     result = TritonRepository(path=repo_dir, entry="", sequence=False)
     try:
         if _flows(pipeline, "feedback_flow"):
-            _sequence(staging, yaml_path, graph, fused_model, serve_with, max_sequences,
-                      sequence_idle_seconds, result)
+            _sequence(staging, yaml_path, graph, fused_model, bundle.get("fused"), serve_with,
+                      max_sequences, sequence_idle_seconds, result)
             for leftover in os.listdir(staging):
                 if leftover.startswith("."):
                     os.unlink(os.path.join(staging, leftover))

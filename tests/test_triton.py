@@ -203,6 +203,27 @@ def test_refusals_leave_nothing_behind(bundles, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bundle", "taken"]
 
 
+def test_recorded_fused_model_is_served(bundles, tmp_path, monkeypatch):
+    import leapp.fusion
+    copy = tmp_path / "bundle"
+    shutil.copytree(os.path.dirname(bundles["fb"]), copy)
+    yaml_path = str(copy / f"{FB_GRAPH}.yaml")
+    recorded = leapp.fuse(yaml_path)  # inside the bundle: recorded under the YAML's 'fused'
+
+    def no_second_fuse(*args, **kwargs):
+        raise AssertionError("the recorded fused model should have been used")
+    monkeypatch.setattr(leapp.fusion, "fuse", no_second_fuse)
+    write_repository(yaml_path, str(tmp_path / "repo"), serve_with="python")
+    served = tmp_path / "repo" / FB_GRAPH / "1" / "fused.onnx"
+    assert served.read_bytes() == open(recorded, "rb").read()
+    # a fused model of another pipeline is refused, naming both
+    renamed = copy / "other.yaml"
+    shutil.copy(yaml_path, renamed)
+    with pytest.raises(TritonRepositoryError, match="of pipeline 'fb_triton', not 'other'"):
+        write_repository(str(renamed), str(tmp_path / "other"), fused_model=recorded)
+    assert not os.path.exists(tmp_path / "other")
+
+
 def test_output_named_like_a_graph_input(bundle, tmp_path):
     # an ensemble cannot have an input and an output of one name: "__out", as in fused models
     leapp.start(name="same_name", save_path=bundle.root)
