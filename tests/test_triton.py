@@ -208,7 +208,10 @@ def test_recorded_fused_model_is_served(bundles, tmp_path, monkeypatch):
     copy = tmp_path / "bundle"
     shutil.copytree(os.path.dirname(bundles["fb"]), copy)
     yaml_path = str(copy / f"{FB_GRAPH}.yaml")
-    recorded = leapp.fuse(yaml_path)  # inside the bundle: recorded under the YAML's 'fused'
+    # recorded under the YAML's 'fused' as leapp.fuse does for a model inside the bundle
+    recorded = str(copy / f"{FB_GRAPH}_fused.onnx")
+    shutil.copy(bundles["fused"], recorded)
+    leapp.fusion.record(yaml_path, recorded, "onnx")
 
     def no_second_fuse(*args, **kwargs):
         raise AssertionError("the recorded fused model should have been used")
