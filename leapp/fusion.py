@@ -692,7 +692,8 @@ def _random(shape: tuple[int, ...], manager: Any, name: str,
         return torch.randint(0, 2, shape, generator=generator).bool()
     if dtype.is_floating_point:
         return torch.randn(shape, generator=generator).to(dtype)
-    return torch.randint(0, 8, shape, generator=generator).to(dtype)
+    # 0 or 1: valid as an index or a flag wherever an integer input is one
+    return torch.randint(0, 2, shape, generator=generator).to(dtype)
 
 
 def _next_state(manager: Any, node: str, port: str) -> torch.Tensor:
