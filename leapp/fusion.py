@@ -592,28 +592,37 @@ class FusedModel:
         self._initial = initial_state(self.metadata)
         if self.path.endswith(".onnx"):
             import onnxruntime as ort
+
+            from .inference_manager import _OnnxRunner
             if providers is None:
                 available = ort.get_available_providers()
                 providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
                              if p in available]
-            options = ort.SessionOptions()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            self.session = ort.InferenceSession(self.path, options, providers=providers)
-            self._names = self.output_names + self.state_outputs
+            # InferenceManager's runner: numpy views on CPU, I/O binding for CUDA tensors
+            described = self.metadata["outputs"] + [
+                {"name": s["output"], "dtype": s["dtype"], "shape": s["shape"]}
+                for s in self.metadata["state"]]
+            self._runner = _OnnxRunner(self.path, self.input_names + self.state_inputs,
+                                       described, providers=providers)
+            self.session = self._runner.session
+            #: "cuda" when onnxruntime runs the model on the GPU (inputs go there)
+            self.device = self._runner.device
             self._run = self._run_onnx
         else:
             self.module = torch.jit.load(self.path, map_location="cpu").eval()
+            self.device = "cpu"
             self._run = self._run_torchscript
         self.reset()
 
     def reset(self) -> None:
         """Put every state input back to its initial value."""
-        self.state = {name: value.clone() for name, value in self._initial.items()}
+        self.state = {name: value.to(self.device, copy=True)
+                      for name, value in self._initial.items()}
 
     def _run_onnx(self, args: list[torch.Tensor]) -> list[Any]:
-        feed = {name: value.detach().cpu().numpy()
-                for name, value in zip(self.input_names + self.state_inputs, args)}
-        return [torch.from_numpy(v) for v in self.session.run(self._names, feed)]
+        if self.device != "cpu":
+            args = [a.to(self.device) for a in args]
+        return list(self._runner(*args))
 
     def _run_torchscript(self, args: list[torch.Tensor]) -> list[Any]:
         with torch.no_grad():
@@ -692,7 +701,8 @@ def _random(shape: tuple[int, ...], manager: Any, name: str,
         return torch.randint(0, 2, shape, generator=generator).bool()
     if dtype.is_floating_point:
         return torch.randn(shape, generator=generator).to(dtype)
-    return torch.randint(0, 8, shape, generator=generator).to(dtype)
+    # 0 or 1: valid as an index or a flag wherever an integer input is one
+    return torch.randint(0, 2, shape, generator=generator).to(dtype)
 
 
 def _next_state(manager: Any, node: str, port: str) -> torch.Tensor:

@@ -160,11 +160,14 @@ class _OnnxRunner:
     """
 
     def __init__(self, path: str, input_names: list[str],
-                 output_descriptions: list[dict[str, Any]]) -> None:
+                 output_descriptions: list[dict[str, Any]],
+                 providers: list[str] | None = None) -> None:
         import onnxruntime as ort
 
         available = ort.get_available_providers()
-        if "CUDAExecutionProvider" in available:
+        if providers is not None:  # the caller's choice (leapp.fusion.FusedModel)
+            pass
+        elif "CUDAExecutionProvider" in available:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
         else:
             logger.warning("CUDA execution provider not available. Falling back to CPU.")

@@ -268,17 +268,30 @@ def test_byom_onnx_node_of_an_older_opset_is_merged(tmp_path):
     assert max(o.version for o in fused.opset_import if o.domain == "") >= 18
 
 
-def test_node_without_a_model_is_refused(tmp_path):
-    out = str(tmp_path)
+def _no_model(out: str, fuse: bool):
     leapp.start("nomodel", save_path=out)
     x = annotate.input_tensors("a", {"obs": torch.randn(1, 4)})
     annotate.output_tensors("a", {"y": x * 2}, export_with=None)
     leapp.stop()
-    leapp.compile_graph(visualize=False)
+    return leapp.compile_graph(visualize=False, fuse=fuse)
+
+
+def test_node_without_a_model_is_refused(tmp_path):
+    out = str(tmp_path)
+    _no_model(out, fuse=False)
     yaml_path = os.path.join(out, "nomodel", "nomodel.yaml")
+    with open(yaml_path, "rb") as handle:
+        before = handle.read()
     with pytest.raises(ValueError, match=r"Node 'a' has no model_path"):
         leapp.fuse(yaml_path)
     assert not [n for n in os.listdir(os.path.dirname(yaml_path)) if "fused" in n]
+    # compile_graph(fuse=True) fails before its commit: the old bundle stays
+    leapp._core.reset_nodes()
+    with pytest.raises(ValueError, match=r"Node 'a' has no model_path"):
+        _no_model(out, fuse=True)
+    with open(yaml_path, "rb") as handle:
+        assert handle.read() == before
+    assert not [n for n in os.listdir(out) if n.startswith(".leapp-")]
 
 
 def test_bad_arguments(bundles):
