@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from . import _core
+from ._node_info import info
 from ._payload import Leaf
 from ._traced import plain
 
@@ -38,7 +39,6 @@ class BufferTracker:
         self.restored = False
 
     def inject(self, api: Any, node: Any) -> None:
-        from ._session import info
         for full_name, buffer in self.model.named_buffers():
             if buffer is None or (self.wanted is not None and full_name not in self.wanted):
                 continue
@@ -64,7 +64,6 @@ class BufferTracker:
 
     def collect(self, api: Any, node: Any) -> None:
         """Reassigned buffers become state updates, untouched ones constants."""
-        from ._session import info
         node_info = info(node)
         for entry in self.tracked:
             current = entry.owner._buffers.get(entry.attr)
@@ -80,7 +79,6 @@ class BufferTracker:
 
     def reenter(self, api: Any, node: Any) -> None:
         """A later pass: check the state buffers and cache their values."""
-        from ._session import info
         states = info(node).states
         self.reentered = []
         for entry in self.tracked:

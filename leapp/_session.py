@@ -28,7 +28,9 @@ import torch
 
 from . import _alias, _core, _numpy
 from ._fx import build_graph_module
+from ._buffers import BufferTracker
 from ._logging import fatal, logger
+from ._node_info import NodeInfo, info
 from ._payload import Leaf, flatten, normalize, rebuild
 from ._traced import TracedTensor, alias, clone_plain, plain
 
@@ -48,39 +50,12 @@ class SessionConfig:
     strict: bool = False          # refuse inputs computed outside every node (docs/api.md)
 
 
-@dataclass
-class NodeInfo:
-    """Per-node facade data kept in Node.info['leapp']."""
-
-    export_with: str | None = None
-    backend_params: dict = field(default_factory=dict)
-    states: dict = field(default_factory=dict)          # name -> input Port
-    state_updates: dict = field(default_factory=dict)   # name -> traced value
-    trackers: list = field(default_factory=list)        # module buffer trackers
-    graph_module: Any = None
-    live_ops: list = field(default_factory=list)        # op indices reaching outputs
-    origins: set = field(default_factory=set)           # where pass 1 declared inputs
-    pending: dict = field(default_factory=dict)         # re-entry sample in progress
-    samples: int = 0                                    # cached re-entry samples
-    declared: list = field(default_factory=list)        # (input name, weakref to tensor)
-    input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
-
-    def declared_inputs(self) -> list:
-        """(name, tensor) of the declared inputs whose tensors are still alive."""
-        alive = [(name, ref()) for name, ref in self.declared]
-        return [(name, t) for name, t in alive if t is not None]
-
-
 class _Current:
     config: SessionConfig | None = None
 
 
 def config() -> SessionConfig | None:
     return _Current.config
-
-
-def info(node: Any) -> NodeInfo:
-    return node.info["leapp"]
 
 
 def _nodes() -> dict:
@@ -687,7 +662,6 @@ class SessionAPI:
     def module(self, node_name: str, model: torch.nn.Module,
                buffer_names: list[str] | None = None) -> None:
         """Track the registered buffers of model while the node traces."""
-        from ._buffers import BufferTracker
         node = self._existing("module", node_name)
         if not node.is_tracing:
             for tracker in info(node).trackers:
