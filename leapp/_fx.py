@@ -83,7 +83,7 @@ class _Builder:
 
     def arg(self, obj: Any) -> Any:
         if isinstance(obj, _core.Ref):
-            if obj.kind == 1:
+            if obj.kind == _core.REF_CONST:
                 return self.constant(self.node.consts[obj.index])
             return self.env[obj.index]
         if isinstance(obj, torch.Tensor):
