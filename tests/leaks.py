@@ -219,10 +219,12 @@ def snapshot(probes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_core_alone() -> Any:
-    """leapp._core loaded from its file without the package (and torch), as tests/c does."""
+    """leapp._core loaded from its file without the package (and torch), as tests/c does:
+    the built one, or the one LEAPP_CORE_PATH names (tests/test_debug_build.py)."""
     import glob
     import importlib.util
-    path = glob.glob(os.path.join(ROOT, "leapp", "_core*.so"))[0]
+    path = os.environ.get("LEAPP_CORE_PATH") or \
+        glob.glob(os.path.join(ROOT, "leapp", "_core*.so"))[0]
     spec = importlib.util.spec_from_file_location("leapp._core", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["leapp._core"] = module
@@ -261,14 +263,15 @@ def _drop(obj: Any) -> None:
     """What a leak-free step does with the object a leaking one keeps."""
 
 
-def measure(*names: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def measure(*names: str, env: dict[str, str] | None = None
+            ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """{scenario: {"clean": snapshots, "leaky": snapshots}} of the scenarios named,
     run one after the other in one fresh interpreter.  "clean": after the warm-up
     and after each of ROUNDS rounds; "leaky": after one more round whose step
     keeps an object (to compare with the last clean snapshot).  graph_and_yaml
-    runs alone: its interpreter never imports torch."""
+    runs alone: its interpreter never imports torch.  env: the child's environment."""
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), *names],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
