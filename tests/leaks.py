@@ -152,20 +152,8 @@ def program_run():
 def graph_and_yaml():
     """The core's graph code and YAML emitter with no torch at all: pruning, the
     pipeline's edges and statistics, YAML, and their error paths."""
+    from support import finished_node, wire
     _core = sys.modules["leapp._core"]  # loaded alone (_load_core_alone)
-
-    def node(name, inputs, outputs, index):
-        made = _core.Node(name)
-        for port in inputs:
-            made.inputs.append(_core.Port(port, "float32", (1, 2), made.new_value()))
-        for port in outputs:
-            made.outputs.append(_core.Port(port, "float32", (1, 2), made.new_value()))
-        made.finish(index)
-        return made
-
-    def wire(consumer, name, producer, output):
-        port = next(p for p in consumer.inputs if p.name == name)
-        port.src_node, port.src_port = producer, output
 
     documents = [{"models": {"a": {
         "inputs": [{"name": "obs", "dtype": "float32", "shape": [1, 36], "type": "tensor",
@@ -178,8 +166,8 @@ def graph_and_yaml():
     bad = [{"a": {"b": [1, 2, {"c": (1, {3})}]}}]
 
     def step(keep):
-        a = node("a", ["x", "m"], ["y"], 0)
-        b = node("b", ["y"], ["m"], 1)
+        a = finished_node(_core, "a", ["x", "m"], ["y"], 0)
+        b = finished_node(_core, "b", ["y"], ["m"], 1)
         wire(b, "y", a, "y")
         wire(a, "m", b, "m")
         keep(_core.build_pipeline([a, b]))
