@@ -38,7 +38,7 @@ class BufferTracker:
         self.reentered: list[_Tracked] = []
         self.restored = False
 
-    def inject(self, api: Any, node: Any) -> None:
+    def inject(self, api: Any, node: _core.Node) -> None:
         for full_name, buffer in self.model.named_buffers():
             if buffer is None or (self.wanted is not None and full_name not in self.wanted):
                 continue
@@ -62,7 +62,7 @@ class BufferTracker:
                 found[entry.name] = current
         return found
 
-    def collect(self, api: Any, node: Any) -> None:
+    def collect(self, api: Any, node: _core.Node) -> None:
         """Reassigned buffers become state updates, untouched ones constants."""
         node_info = info(node)
         for entry in self.tracked:
@@ -77,7 +77,7 @@ class BufferTracker:
             node.bind_const(port.value, port.vid)
             entry.constant = True
 
-    def reenter(self, api: Any, node: Any) -> None:
+    def reenter(self, api: Any, node: _core.Node) -> None:
         """A later pass: check the state buffers and cache their values."""
         states = info(node).states
         self.reentered = []
@@ -90,7 +90,7 @@ class BufferTracker:
             api._cache(node, port, current)
             self.reentered.append(entry)
 
-    def collect_reentry(self, api: Any, node: Any) -> None:
+    def collect_reentry(self, api: Any, node: _core.Node) -> None:
         """At the end of a later pass: the buffers' new values are the state updates."""
         for entry in self.reentered:
             current = entry.owner._buffers.get(entry.attr)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _core
+
 
 @dataclass
 class NodeInfo:
@@ -32,6 +34,6 @@ class NodeInfo:
         return [(name, t) for name, t in alive if t is not None]
 
 
-def info(node: Any) -> NodeInfo:
+def info(node: _core.Node) -> NodeInfo:
     """The facade's data of a Node."""
     return node.info["leapp"]

@@ -400,7 +400,7 @@ def _scalar_tensor(value: Any) -> Any:
     return value
 
 
-def _unmapped(what: str, node: Any) -> UnmappedNumpyError:
+def _unmapped(what: str, node: _core.Node) -> UnmappedNumpyError:
     return UnmappedNumpyError(
         f"{what} has no torch equivalent in leapp's NumPy tracing, so it cannot be recorded "
         f"in node '{node.name}'. Compute it with torch on the traced tensor instead (convert "
