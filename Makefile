@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build demo test test-asan test-wheel wheel bench compat upstream-venv clean
+.PHONY: setup build debug demo test test-debug test-asan test-wheel wheel bench compat upstream-venv clean
 
 setup: $(STAMP)
 
@@ -32,29 +32,53 @@ $(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	@mkdir -p build && touch $@
 
+# The debug core in place: -O0 -g3 and assert() of the invariants csrc/ states
+# (LEAPP_DEBUG_BUILD=1).  The stamp goes, so the next `make build` (or `make
+# test`) compiles the release core again.  tests/test_debug_build.py compiles
+# this build on every `make test`, into a temporary directory.
+debug: setup
+	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
+	@rm -f $(CORE_STAMP)
+
+# The whole suite on the debug core, then the release core back.
+test-debug: setup
+	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
+	$(PY) -m pytest -q -p no:warnings tests; status=$$?; \
+	$(PY) setup.py -q build_ext --inplace --force; exit $$status
+
 demo: build
 	$(PY) examples/getting_started.py
 
 test: build
 	$(PY) -m pytest -q -p no:warnings tests
 
-# ASan + UBSan build of the core, then the whole suite (the command of
-# `make test`, tests/c's reference-count checks included) under the sanitizers.
+# ASan + UBSan build of the core, then two runs under the sanitizers:
+# 1. leak-checked: tests/c, tests/test_leaks.py (the hot paths repeated in fresh
+#    interpreters, which inherit the settings) and tests/test_lsan.py, with
+#    LeakSanitizer on (detect_leaks=1) and PYTHONMALLOC=malloc, so that memory
+#    the core takes with PyMem_* or malloc (the program's slot arrays,
+#    pruning's marks, libyaml's emitter) and never frees fails the run at exit.
+#    tests/lsan.supp suppresses CPython's object allocators, whose objects
+#    (interned strings, types, what torch's modules keep) live until the end
+#    of the process; leaked Python objects of the core are what test_leaks.py's
+#    exact reference and object counts catch.  About a minute.
+# 2. the whole suite (the command of `make test`) with detect_leaks=0: memory
+#    errors and undefined behaviour everywhere, leaks not checked there.
 # Measured on a 2-core machine: the sanitized suite takes about 1.4 times as
 # long as `make test` (11 minutes against 7.5; ~9 against the ~6 of an idle
-# CI machine), so CI (.ci/run) stays well under 30 minutes with both, and no
-# subset is needed.
-# detect_leaks=0: LeakSanitizer reports CPython's and torch's intentional
-# process-lifetime allocations; leaks of the core are caught by tests/c's
-# reference-count checks and the GC/RSS slope tests.  LEAPP_SANITIZED=1 tells
-# the tests that measure RSS that ASan's quarantine holds freed memory.
-# The normal build is restored after.
+# CI machine), so CI (.ci/run) stays well under 30 minutes with both.
+# LEAPP_SANITIZED=1 tells the tests that measure RSS that ASan's quarantine
+# holds freed memory.  The normal build is restored after.
 SANITIZER_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)
-SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 LEAPP_SANITIZED=1
+SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" LEAPP_SANITIZED=1
+LEAK_CHECKED_ENV = $(SANITIZER_ENV) ASAN_OPTIONS=detect_leaks=1 PYTHONMALLOC=malloc \
+	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0
+LEAK_CHECKED_TESTS = tests/c tests/test_leaks.py tests/test_lsan.py
 test-asan: setup
 	LEAPP_SANITIZE=1 $(PY) setup.py -q build_ext --inplace --force
-	$(SANITIZER_ENV) $(PY) -m pytest -q -p no:warnings tests; status=$$?; \
-	$(PY) setup.py -q build_ext --inplace --force; exit $$status
+	$(LEAK_CHECKED_ENV) $(PY) -m pytest -q -p no:warnings $(LEAK_CHECKED_TESTS) \
+	&& $(SANITIZER_ENV) ASAN_OPTIONS=detect_leaks=0 $(PY) -m pytest -q -p no:warnings tests; \
+	status=$$?; $(PY) setup.py -q build_ext --inplace --force; exit $$status
 
 # A manylinux wheel in dist/ with libyaml bundled (auditwheel repair vendors it
 # into leapp.libs/ and points the extension at it), and its end-to-end check:

@@ -4,6 +4,8 @@ Environment:
   LEAPP_DEV_BUILD=1           warnings are errors (-Werror): the Makefile and CI set it;
                               users' builds (pip install) warn and go on.
   LEAPP_SANITIZE=1            ASan + UBSan build (make test-asan).
+  LEAPP_DEBUG_BUILD=1         -O0 -g3 with assert() on: the invariants csrc/ states are
+                              checked at run time (make debug); release builds drop them.
   LEAPP_YAML_INCLUDE_DIRS     where yaml.h lies when it is not on the compiler's path
   LEAPP_YAML_LIBRARY_DIRS     (os.pathsep-separated), e.g. a libyaml built from source.
 """
@@ -64,7 +66,11 @@ class build_ext(_build_ext):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-extra_compile = ["-Wall", "-Wextra", "-std=c11", "-O2"]
+extra_compile = ["-Wall", "-Wextra", "-std=c11"]
+if os.environ.get("LEAPP_DEBUG_BUILD") == "1":
+    extra_compile += ["-O0", "-g3", "-UNDEBUG"]  # Python's own flags bring -DNDEBUG
+else:
+    extra_compile.append("-O2")
 if os.environ.get("LEAPP_DEV_BUILD") == "1":
     extra_compile.append("-Werror")
 extra_link = []

@@ -72,6 +72,7 @@ forward(leapp_state *st, const char *name, PyObject *const *args, size_t nargsf,
     }
     result = PyObject_Vectorcall(meth, args, nargsf, kwnames);
     Py_DECREF(meth);
+    assert(leapp_result_ok(result));
     return result;
 }
 

@@ -16,14 +16,18 @@
  * Ownership conventions: functions returning PyObject* return a new
  * reference, or NULL with an exception set.  Borrowed references are
  * commented where they are taken.
+ *
+ * assert() states the invariants these comments describe; release builds
+ * compile them out (NDEBUG), LEAPP_DEBUG_BUILD=1 (make debug) keeps them.
  */
 #ifndef LEAPP_H
 #define LEAPP_H
 
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include <Python.h>  /* first: it sets the feature macros the system headers read */
 #include <structmember.h>
 #include <pythread.h>
+#include <assert.h>
 
 /* Kinds of torch functions, decided once per function by the facade's
  * classifier (leapp._ops.classify) and cached in state->op_kinds. */
@@ -86,7 +90,17 @@ typedef struct {
 static inline leapp_state *
 leapp_get_state(PyObject *module)
 {
-    return (leapp_state *)PyModule_GetState(module);
+    leapp_state *st = (leapp_state *)PyModule_GetState(module);
+    assert(st != NULL);
+    return st;
+}
+
+/* The C API's rule for a function returning an object: NULL exactly when an
+ * exception is set.  Only for assert(): it calls PyErr_Occurred(). */
+static inline int
+leapp_result_ok(const PyObject *result)
+{
+    return (result == NULL) == (PyErr_Occurred() != NULL);
 }
 
 /* A session traces the thread that started it: 1 when a session runs and

@@ -197,6 +197,26 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The kinds the facade hands back (leapp._ops.classify) or reads (Ref.kind),
+ * exported so that Python never repeats their numbers. */
+static int
+module_add_constants(PyObject *module)
+{
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"OP_PLAIN", OP_PLAIN}, {"OP_INPLACE", OP_INPLACE}, {"OP_COPY", OP_COPY},
+        {"OP_TO", OP_TO}, {"OP_OVERWRITE", OP_OVERWRITE}, {"OP_VIEW", OP_VIEW},
+        {"REF_VALUE", REF_VALUE}, {"REF_CONST", REF_CONST},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]) && rc == 0; i++) {
+        rc = PyModule_AddIntConstant(module, constants[i].name, constants[i].value);
+    }
+    return rc;
+}
+
 static int
 module_exec(PyObject *module)
 {
@@ -225,7 +245,7 @@ module_exec(PyObject *module)
         || st->str_clone == NULL || st->str_detach == NULL || st->str_derived == NULL) {
         goto done;
     }
-    if (node_init(module, st) < 0 || trace_init(module, st) < 0
+    if (module_add_constants(module) < 0 || node_init(module, st) < 0 || trace_init(module, st) < 0
         || annotate_init(module, st) < 0 || graph_init(module, st) < 0
         || yaml_emit_init(module, st) < 0 || runtime_init(module, st) < 0) {
         goto done;

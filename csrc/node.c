@@ -197,6 +197,7 @@ carrier_of(leapp_state *st, PyObject *obj)
         PyErr_Clear(); /* only the error of this lookup can be set here */
         return NULL;
     }
+    assert(((CarrierObject *)found)->node != NULL); /* set at creation, read-only */
     return (CarrierObject *)found;
 }
 
@@ -341,6 +342,10 @@ carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t 
     int rc = -1;
     PyObject **dictptr = _PyObject_GetDictPtr(obj);
     CarrierObject *c;
+    /* obj was promoted first; the carrier names a value its node handed out */
+    assert(Py_IS_TYPE(obj, (PyTypeObject *)st->traced_type));
+    assert(Py_IS_TYPE(node, st->node_type) && vid >= 0);
+    assert(port == NULL || PyUnicode_Check(port));
     c = PyObject_GC_New(CarrierObject, st->carrier_type);
     if (c == NULL) {
         return -1;
@@ -1029,6 +1034,7 @@ node_finish(NodeObject *self, PyObject *index)
     }
     self->index = i;
     self->state = NODE_DONE;
+    assert(PyList_Check(self->ops) && PyList_Check(self->inputs) && PyList_Check(self->outputs));
     Py_RETURN_NONE;
 }
 
@@ -1055,6 +1061,7 @@ node_record(NodeObject *self, PyObject *args_in)
     if (vid == NULL) {
         return NULL;
     }
+    assert(self->nvalues >= 0 && PyList_Check(self->ops));
     record = PyTuple_Pack(4, func, args, kwargs, vid);
     if (record == NULL || PyList_Append(self->ops, record) < 0) {
         Py_CLEAR(vid);

@@ -676,8 +676,11 @@ run_node(ProgramObject *self, leapp_state *st, Py_ssize_t i)
             goto done;
         }
     }
+    assert(i >= 0 && i < self->nnodes && nargs >= 0 && nout >= 0);
     for (k = 0; k < nargs; k++) {
         PyObject *v = self->slots[self->in_slot[first + k]]; /* borrowed */
+        /* slot indices were checked against nslots when the Program was built */
+        assert(self->in_slot[first + k] >= 0 && self->in_slot[first + k] < self->nslots);
         if (v == NULL) {
             PyErr_Format(PyExc_RuntimeError, "Node '%U': input %R has no value",
                          PyTuple_GET_ITEM(self->names, i),
@@ -723,6 +726,8 @@ run_node(ProgramObject *self, leapp_state *st, Py_ssize_t i)
         /* borrowed from seq or res, which this call owns */
         PyObject *out = seq != NULL ? PyTuple_GET_ITEM(seq, j) : res;
         Py_ssize_t s0 = self->dst_slot[self->dst_off[o]];
+        assert(self->dst_off[o] < self->dst_off[o + 1]); /* every output has a destination */
+        assert(s0 >= 0 && s0 < self->nslots);
         Py_XSETREF(self->slots[s0], Py_NewRef(out));
         for (d = self->dst_off[o] + 1; d < self->dst_off[o + 1]; d++) {
             PyObject *copy = PyObject_CallMethodNoArgs(out, st->str_clone);
@@ -787,6 +792,8 @@ program_run(ProgramObject *self, PyObject *inputs)
     }
     for (i = 0; i < self->ncommits; i++) {
         PyObject *v = self->slots[self->commit_from[i]]; /* reference moved */
+        assert(self->commit_from[i] >= 0 && self->commit_from[i] < self->nslots);
+        assert(self->commit_to[i] >= 0 && self->commit_to[i] < self->nslots);
         if (v != NULL) {
             self->slots[self->commit_from[i]] = NULL;
             Py_XSETREF(self->slots[self->commit_to[i]], v);
@@ -798,6 +805,7 @@ program_run(ProgramObject *self, PyObject *inputs)
     }
     for (i = 0; i < self->nresults; i++) {
         PyObject *v = self->slots[self->result_slot[i]]; /* borrowed */
+        assert(self->result_slot[i] >= 0 && self->result_slot[i] < self->nslots);
         if (PyDict_SetItem(out, self->result_keys[i], v != NULL ? v : Py_None) < 0) {
             goto error;
         }
@@ -807,6 +815,7 @@ error:
     Py_CLEAR(out);
 done:
     Py_XDECREF(owned);
+    assert(leapp_result_ok(out));
     return out;
 }
 

@@ -72,6 +72,7 @@ template_of(walk *w, PyObject *obj)
         if (c == NULL) {
             return Py_NewRef(obj);
         }
+        assert(c->node != NULL && Py_IS_TYPE(c->node, st->node_type)); /* strong, a Node */
         if (w->first == NULL) {
             w->first = (CarrierObject *)Py_NewRef(c); /* released by torch_function */
         }
@@ -85,6 +86,7 @@ template_of(walk *w, PyObject *obj)
             raise_mixed(w, (NodeObject *)c->node);
             return NULL;
         }
+        assert(c->vid >= 0 && c->vid < w->active->nvalues); /* a value the node handed out */
         return ref_new(st, REF_VALUE, c->vid);
     }
     if (tp == &PyTuple_Type || tp == &PyList_Type || tp == &PyDict_Type) {
@@ -151,7 +153,9 @@ op_kind(leapp_state *st, PyObject *func)
     PyObject *kind = NULL, *cached = NULL;
     long k = -1;
     if (found != NULL) {
-        return (int)PyLong_AsLong(found); /* cached values are checked ints */
+        k = PyLong_AsLong(found);
+        assert(k >= OP_PLAIN && k <= OP_VIEW); /* cached values are checked ints */
+        return (int)k;
     }
     if (PyErr_Occurred()) {
         return -1;
@@ -192,6 +196,7 @@ static int
 bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
 {
     CarrierObject *c = carrier_of(st, r); /* borrowed */
+    assert(node->state == NODE_OPEN && vid >= 0 && vid < node->nvalues);
     if (c != NULL && c->node == (PyObject *)node) {
         c->vid = vid; /* an op that returned (or mutated) its receiver */
         return 0;
@@ -307,6 +312,7 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
     PyObject *rewritten = NULL, *result = NULL, *out = NULL, *record = NULL;
     PyObject *rfunc = func;                   /* borrowed */
     PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
+    assert(node != NULL && node->state == NODE_OPEN && targs != NULL);
     Py_INCREF(targs);
     Py_XINCREF(tkwargs);
     if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
@@ -352,6 +358,7 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
     if (out != Py_None) {
         PyObject *kw = (tkwargs == NULL || (PyDict_Check(tkwargs) && PyDict_GET_SIZE(tkwargs) == 0))
                            ? Py_None : tkwargs;
+        assert(PyTuple_Check(targs) && (kw == Py_None || PyDict_Check(kw)));
         record = PyTuple_Pack(4, rfunc, targs, kw, out);
         if (record == NULL || PyList_Append(node->ops, record) < 0) {
             goto error;
@@ -369,6 +376,7 @@ done:
     Py_XDECREF(rewritten);
     Py_XDECREF(targs);
     Py_XDECREF(tkwargs);
+    assert(leapp_result_ok(result));
     return result;
 }
 
@@ -710,10 +718,12 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
         result = trace_inactive(st, &w, kind, func, types, args, kwargs);
     }
 done:
+    /* the walk's node and carrier are released here, whichever path ran */
     Py_XDECREF(w.active);
     Py_XDECREF(w.first);
     Py_XDECREF(targs);
     Py_XDECREF(tkwargs);
+    assert(leapp_result_ok(result));
     return result;
 }
 

@@ -111,7 +111,7 @@ def join(a: torch.Tensor, b: torch.Tensor) -> None:
             group.add(tensor)
 
 
-def link_declared(node: Any, tensor: torch.Tensor, declared: list) -> None:
+def link_declared(node: _core.Node, tensor: torch.Tensor, declared: list) -> None:
     """Put a newly declared input in one group with the node's earlier declared
     inputs that share its storage (one buffer declared twice is handled by twin())."""
     where = _storage(tensor)
@@ -182,7 +182,7 @@ def write(receiver: torch.Tensor, func: Any) -> None:
                                      source[hit]))
 
 
-def _foreign_write(receiver: torch.Tensor, carrier: Any, member: torch.Tensor,
+def _foreign_write(receiver: torch.Tensor, carrier: _core.Carrier, member: torch.Tensor,
                    other: Any) -> None:
     """A write whose alias belongs to another node: a published value changed
     in place loses its port; a tracing node's input changed from outside it
@@ -210,7 +210,7 @@ def twin(tensor: torch.Tensor, declared: list) -> tuple | None:
     return None
 
 
-def check_outputs(node: Any, declared: list, outputs: list) -> None:
+def check_outputs(node: _core.Node, declared: list, outputs: list) -> None:
     """Refuse an output that shares memory with a surviving declared input of the
     node without leapp having followed the aliasing (no common alias group): a
     write through one would not be seen through the other in the export."""

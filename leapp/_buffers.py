@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from . import _core
+from ._node_info import info
 from ._payload import Leaf
 from ._traced import plain
 
@@ -37,8 +38,7 @@ class BufferTracker:
         self.reentered: list[_Tracked] = []
         self.restored = False
 
-    def inject(self, api: Any, node: Any) -> None:
-        from ._session import info
+    def inject(self, api: Any, node: _core.Node) -> None:
         for full_name, buffer in self.model.named_buffers():
             if buffer is None or (self.wanted is not None and full_name not in self.wanted):
                 continue
@@ -62,9 +62,8 @@ class BufferTracker:
                 found[entry.name] = current
         return found
 
-    def collect(self, api: Any, node: Any) -> None:
+    def collect(self, api: Any, node: _core.Node) -> None:
         """Reassigned buffers become state updates, untouched ones constants."""
-        from ._session import info
         node_info = info(node)
         for entry in self.tracked:
             current = entry.owner._buffers.get(entry.attr)
@@ -78,9 +77,8 @@ class BufferTracker:
             node.bind_const(port.value, port.vid)
             entry.constant = True
 
-    def reenter(self, api: Any, node: Any) -> None:
+    def reenter(self, api: Any, node: _core.Node) -> None:
         """A later pass: check the state buffers and cache their values."""
-        from ._session import info
         states = info(node).states
         self.reentered = []
         for entry in self.tracked:
@@ -92,7 +90,7 @@ class BufferTracker:
             api._cache(node, port, current)
             self.reentered.append(entry)
 
-    def collect_reentry(self, api: Any, node: Any) -> None:
+    def collect_reentry(self, api: Any, node: _core.Node) -> None:
         """At the end of a later pass: the buffers' new values are the state updates."""
         for entry in self.reentered:
             current = entry.owner._buffers.get(entry.attr)

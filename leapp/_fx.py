@@ -64,7 +64,7 @@ def _getter_name(func: Any) -> str | None:
 
 
 class _Builder:
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: _core.Node) -> None:
         self.node = node
         self.root = torch.nn.Module()
         self.graph = fx.Graph()
@@ -83,7 +83,7 @@ class _Builder:
 
     def arg(self, obj: Any) -> Any:
         if isinstance(obj, _core.Ref):
-            if obj.kind == 1:
+            if obj.kind == _core.REF_CONST:
                 return self.constant(self.node.consts[obj.index])
             return self.env[obj.index]
         if isinstance(obj, torch.Tensor):
@@ -205,7 +205,7 @@ class LazyGraphModule:
     _JIT_IGNORED = ["_graph", "_code", "_lineno_map", "_prologue_start", "_tracer_cls",
                     "_tracer_extras", "meta", "shape_env"]
 
-    def __init__(self, node: Any, live_ops: list[int], inputs: list,
+    def __init__(self, node: _core.Node, live_ops: list[int], inputs: list,
                  output_vids: list[int]) -> None:
         self._args = (node, list(live_ops), list(inputs), list(output_vids))
         self._module: fx.GraphModule | None = None
@@ -225,7 +225,7 @@ class LazyGraphModule:
         return self.module.graph
 
 
-def build_graph_module(node: Any, live_ops: list[int], inputs: list,
+def build_graph_module(node: _core.Node, live_ops: list[int], inputs: list,
                        output_vids: list[int]) -> LazyGraphModule:
     """The graph computing the node's outputs from its (unpruned) inputs."""
     return LazyGraphModule(node, live_ops, inputs, output_vids)

@@ -273,8 +273,20 @@ def system(message: str) -> None:
     logger.log(SYSTEM, message)
 
 
+# The one way leapp raises an error it reports: fatal() logs it to log.txt at FATAL
+# (never to a console: the exception carries the message), then raises it.  A
+# kind of error raised in many places has one helper of its own that names the
+# kind (as psutil's C helpers do): reject() below for refused values,
+# _safe_load.fail() for a malformed bundle (BundleError).
+
+
 def fatal(message: str, error_type: type[BaseException] = RuntimeError,
           cause: BaseException | None = None) -> NoReturn:
     """Write message to log.txt at FATAL, then raise error_type(message) (printed once)."""
     logger.log(FATAL, message)
     raise error_type(message) from cause
+
+
+def reject(message: str) -> NoReturn:
+    """fatal() for a value leapp refuses: a ValueError."""
+    fatal(message, ValueError)

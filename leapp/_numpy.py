@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from . import _core
-from ._traced import TracedTensor, plain
 
 # Captured before any session patches them.
 _FROM_NUMPY = torch.from_numpy
@@ -247,6 +246,13 @@ def _same_memory(a: Any, b: Any) -> bool:
             and ia["strides"] == ib["strides"] and ia["typestr"] == ib["typestr"])
 
 
+def _plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A torch.Tensor over t's memory whose ops are not recorded (leapp._traced.plain;
+    _traced imports this module for TracedTensor's NumPy protocol, so not the reverse)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
 def _plain_array(a: Any) -> np.ndarray:
     """a as a plain ndarray over the same memory."""
     return a.view(np.ndarray) if isinstance(a, TracedArray) else a
@@ -256,7 +262,7 @@ def wrap(tensor: torch.Tensor) -> Any:
     """A TracedArray viewing tensor's memory, with tensor as its shadow."""
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()  # numpy lives on the host; the copy is recorded
-    base = plain(tensor).detach()
+    base = _plain_tensor(tensor).detach()
     try:
         array = base.numpy()
     except TypeError as exc:
@@ -271,7 +277,7 @@ def to_numpy(tensor: torch.Tensor, force: bool = False) -> np.ndarray:
     """t.numpy() of a traced tensor: a TracedArray while global patching traces."""
     if enabled() and _core.carrier_of(tensor) is not None:
         return wrap(tensor)
-    return plain(tensor).numpy(force=force)
+    return _plain_tensor(tensor).numpy(force=force)
 
 
 def _carrier(a: Any) -> Any:
@@ -302,9 +308,9 @@ def _active_node(obj: Any) -> Any:
     if isinstance(obj, TracedArray):
         carrier = _carrier(obj)
         return carrier.node if carrier is not None and carrier.active else None
-    if isinstance(obj, TracedTensor):
-        carrier = _core.carrier_of(obj)
-        return carrier.node if carrier is not None and carrier.active else None
+    carrier = _core.carrier_of(obj)  # a carrier only on a TracedTensor
+    if carrier is not None:
+        return carrier.node if carrier.active else None
     if isinstance(obj, (list, tuple)):
         for item in obj:
             node = _active_node(item)
@@ -394,7 +400,7 @@ def _scalar_tensor(value: Any) -> Any:
     return value
 
 
-def _unmapped(what: str, node: Any) -> UnmappedNumpyError:
+def _unmapped(what: str, node: _core.Node) -> UnmappedNumpyError:
     return UnmappedNumpyError(
         f"{what} has no torch equivalent in leapp's NumPy tracing, so it cannot be recorded "
         f"in node '{node.name}'. Compute it with torch on the traced tensor instead (convert "
@@ -550,10 +556,10 @@ def tensor_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> A
     otherwise it runs on the values and gives a tensor, as for a plain one.
     """
     if enabled() and "out" not in kwargs and _active_node(inputs) is not None:
-        arrays = tuple(wrap(i) if isinstance(i, TracedTensor) and _core.carrier_of(i) is not None
+        arrays = tuple(wrap(i) if _core.carrier_of(i) is not None
                        else i for i in inputs)
         return _tensor_of_result(_array_ufunc(ufunc, method, arrays, kwargs))
-    values = tuple(plain(i).detach().numpy() if isinstance(i, torch.Tensor) else _to_plain(i)
+    values = tuple(_plain_tensor(i).detach().numpy() if isinstance(i, torch.Tensor) else _to_plain(i)
                    for i in inputs)
     return _tensor_of_result(getattr(ufunc, method)(*values, **_to_plain(kwargs)))
 
@@ -962,7 +968,7 @@ def _tensor(original: Callable) -> Callable:
 def _np_array(original: Callable, copy_default: Any) -> Callable:
     @functools.wraps(original)
     def array(obj: Any, *args: Any, **kwargs: Any) -> Any:
-        traced = isinstance(obj, TracedTensor) and _core.carrier_of(obj) is not None
+        traced = _core.carrier_of(obj) is not None
         if not traced and not _traced_array(obj):
             return original(obj, *args, **kwargs)
         if set(kwargs) - {"dtype", "copy", "order"} or len(args) > 1:

@@ -16,7 +16,9 @@ import torch
 
 from . import _core
 
-OP_PLAIN, OP_INPLACE, OP_COPY, OP_TO, OP_OVERWRITE, OP_VIEW = 0, 1, 2, 3, 4, 5
+# The kinds classify() answers are the core's (csrc/leapp.h), exported by _core.
+OP_PLAIN, OP_INPLACE, OP_COPY = _core.OP_PLAIN, _core.OP_INPLACE, _core.OP_COPY
+OP_TO, OP_OVERWRITE, OP_VIEW = _core.OP_TO, _core.OP_OVERWRITE, _core.OP_VIEW
 
 _COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
 # Functions that may return a view sharing their first argument's storage (the

@@ -80,9 +80,9 @@ def clip(value: Any, limit: int = MAX_QUOTE) -> str:
     return quote(value, limit)
 
 
-def fail(message: str, error_type: type[Exception] = BundleError) -> NoReturn:
-    """Write ``message`` to log.txt (if a session runs) and raise it, printed once."""
-    fatal(message, error_type)
+def fail(message: str) -> NoReturn:
+    """fatal() of this module's kind: a BundleError (malformed, unsafe or inconsistent file)."""
+    fatal(message, BundleError)
 
 
 # ---- files ----------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def check_regular_file(path: str, what: str) -> os.stat_result:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        fail(f"{what} not found at {quote(path)}", FileNotFoundError)
+        fatal(f"{what} not found at {quote(path)}", FileNotFoundError)
     except OSError as exc:
         fail(f"{what} at {quote(path)} cannot be read: {clip(str(exc))}")
     if not stat.S_ISREG(info.st_mode):
@@ -148,7 +148,7 @@ def bundle_file(bundle_dir: str, name: Any, what: str, allow_external: bool = Fa
         # upstream also looked the path up as given (relative to the working directory)
         path = joined if os.path.exists(joined) or os.path.isabs(name) else name
         if not os.path.exists(path):
-            fail(f"{what[0].upper()}{what[1:]} not found at {quote(joined)}", FileNotFoundError)
+            fatal(f"{what[0].upper()}{what[1:]} not found at {quote(joined)}", FileNotFoundError)
         real = os.path.realpath(path)
     else:
         if os.path.isabs(name):
@@ -162,7 +162,7 @@ def bundle_file(bundle_dir: str, name: Any, what: str, allow_external: bool = Fa
                  f"directory {quote(root)} (pass allow_external_paths=True to "
                  "InferenceManager to load files outside the bundle)")
         if not os.path.lexists(joined):
-            fail(f"{what[0].upper()}{what[1:]} not found at {quote(joined)}", FileNotFoundError)
+            fatal(f"{what[0].upper()}{what[1:]} not found at {quote(joined)}", FileNotFoundError)
     check_regular_file(real, what[0].upper() + what[1:])
     return real
 

@@ -28,7 +28,9 @@ import torch
 
 from . import _alias, _core, _numpy
 from ._fx import build_graph_module
+from ._buffers import BufferTracker
 from ._logging import fatal, logger
+from ._node_info import NodeInfo, info
 from ._payload import Leaf, flatten, normalize, rebuild
 from ._traced import TracedTensor, alias, clone_plain, plain
 
@@ -48,39 +50,12 @@ class SessionConfig:
     strict: bool = False          # refuse inputs computed outside every node (docs/api.md)
 
 
-@dataclass
-class NodeInfo:
-    """Per-node facade data kept in Node.info['leapp']."""
-
-    export_with: str | None = None
-    backend_params: dict = field(default_factory=dict)
-    states: dict = field(default_factory=dict)          # name -> input Port
-    state_updates: dict = field(default_factory=dict)   # name -> traced value
-    trackers: list = field(default_factory=list)        # module buffer trackers
-    graph_module: Any = None
-    live_ops: list = field(default_factory=list)        # op indices reaching outputs
-    origins: set = field(default_factory=set)           # where pass 1 declared inputs
-    pending: dict = field(default_factory=dict)         # re-entry sample in progress
-    samples: int = 0                                    # cached re-entry samples
-    declared: list = field(default_factory=list)        # (input name, weakref to tensor)
-    input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
-
-    def declared_inputs(self) -> list:
-        """(name, tensor) of the declared inputs whose tensors are still alive."""
-        alive = [(name, ref()) for name, ref in self.declared]
-        return [(name, t) for name, t in alive if t is not None]
-
-
 class _Current:
     config: SessionConfig | None = None
 
 
 def config() -> SessionConfig | None:
     return _Current.config
-
-
-def info(node: Any) -> NodeInfo:
-    return node.info["leapp"]
 
 
 def _nodes() -> dict:
@@ -111,7 +86,7 @@ def _description_text(name: str, dtype: str, shape: tuple,
     return repr(entry)
 
 
-def _port_names(node: Any, outputs: bool) -> list[str]:
+def _port_names(node: _core.Node, outputs: bool) -> list[str]:
     ports = node.outputs if outputs else list(node.inputs) + list(node.trimmed_inputs)
     return [p.name for p in ports]
 
@@ -187,7 +162,7 @@ class SessionAPI:
         self._check_origin(node, _origin if _origin is not None else _call_site())
         return self._declare(node, values, fields, state=False)
 
-    def _check_origin(self, node: Any, origin: Any) -> None:
+    def _check_origin(self, node: _core.Node, origin: Any) -> None:
         """A node re-enters only from where its first trace declared inputs."""
         origins = info(node).origins
         if node.is_tracing:
@@ -200,7 +175,7 @@ class SessionAPI:
                   f"node at this call site its own name."
                   + (RERUN_HINT if _rerun_like(origin, origins) else ""))
 
-    def _declare(self, node: Any, values: dict, fields: dict, state: bool) -> Any:
+    def _declare(self, node: _core.Node, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
         for leaf in flatten(values, fields):
             array = leaf.value if isinstance(leaf.value, np.ndarray) else None
@@ -220,7 +195,7 @@ class SessionAPI:
                 replaced[leaf.path] = _numpy._plain_array(array) if array is not None else value
         return rebuild(values, replaced)
 
-    def _check_unique(self, node: Any, name: str, outputs: bool = False,
+    def _check_unique(self, node: _core.Node, name: str, outputs: bool = False,
                       taken: list | None = None) -> None:
         names = taken if taken is not None else _port_names(node, outputs)
         if name in names:
@@ -233,7 +208,7 @@ class SessionAPI:
                   + (OPEN_NODE_HINT if not outputs and node.is_tracing and taken is None
                      else ""))
 
-    def _new_input(self, node: Any, leaf: Leaf, state: bool) -> Any:
+    def _new_input(self, node: _core.Node, leaf: Leaf, state: bool) -> Any:
         self._check_unique(node, leaf.name)
         value = leaf.value
         carrier = _core.carrier_of(value)
@@ -278,7 +253,7 @@ class SessionAPI:
         node_info.declared.append((leaf.name, weakref.ref(traced)))
         return traced
 
-    def _check_derived(self, node: Any, name: str, value: Any) -> None:
+    def _check_derived(self, node: _core.Node, name: str, value: Any) -> None:
         """Warn (strict: refuse) when value was computed outside every node from an output."""
         tag = getattr(value, "__dict__", {}).get(_DERIVED) if type(value) is TracedTensor \
             else None
@@ -302,7 +277,7 @@ class SessionAPI:
                        "ignored. Pass strict=True to leapp.start() to make this an error.",
                        message)
 
-    def _adopt_declared(self, node: Any, leaf: Leaf, value: torch.Tensor, name: str,
+    def _adopt_declared(self, node: _core.Node, leaf: Leaf, value: torch.Tensor, name: str,
                         other: torch.Tensor) -> Any:
         """A second declaration of one buffer (same memory, same layout): one port."""
         port = next((p for p in list(node.inputs) + list(node.trimmed_inputs)
@@ -324,7 +299,7 @@ class SessionAPI:
         _alias.link_declared(node, traced, [other])
         return traced
 
-    def _find_port(self, node: Any, name: str, outputs: bool) -> Any:
+    def _find_port(self, node: _core.Node, name: str, outputs: bool) -> Any:
         ports = node.outputs if outputs else list(node.inputs) + list(node.trimmed_inputs)
         for port in ports:
             if port.name == name:
@@ -334,7 +309,7 @@ class SessionAPI:
               f"{node.name} with new i/o {name} but failed to find it in the current i/o "
               f"list.\navailable i/o names: {available}")
 
-    def _check_same(self, node: Any, port: Any, leaf: Leaf) -> None:
+    def _check_same(self, node: _core.Node, port: _core.Port, leaf: Leaf) -> None:
         dtype, shape = _describe(leaf.value)
         semantics = leaf.semantics
         changed_semantics = semantics is not None and semantics != port.semantics
@@ -356,12 +331,12 @@ class SessionAPI:
                   f"behavior is not captured by the annotations\nWhat changed: {changes}. "
                   f"Every pass must give '{leaf.name}' the structure of the first one.")
 
-    def _cache(self, node: Any, port: Any, value: torch.Tensor) -> None:
+    def _cache(self, node: _core.Node, port: _core.Port, value: torch.Tensor) -> None:
         cfg = _Current.config
         if cfg is not None and info(node).samples < cfg.max_cached_io - 1:
             info(node).pending[id(port)] = (port, clone_plain(value))
 
-    def _reenter_input(self, node: Any, leaf: Leaf) -> Any:
+    def _reenter_input(self, node: _core.Node, leaf: Leaf) -> Any:
         surviving = info(node).input_aliases.get(leaf.name)
         if surviving is not None:  # a second name of one declared buffer
             port = self._find_port(node, surviving, outputs=False)
@@ -408,7 +383,7 @@ class SessionAPI:
                                 if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
                                 for leaf in leaves})
 
-    def _check_outputs(self, api: str, node: Any, leaves: list[Leaf]) -> None:
+    def _check_outputs(self, api: str, node: _core.Node, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
                     if _core.carrier_of(leaf.value) is None]
         if untraced:
@@ -431,7 +406,7 @@ class SessionAPI:
                   f"('{node.name}', ...).\nThe tensors from elsewhere: {which}. Declare them "
                   f"with annotate.input_tensors('{node.name}', ...) to use them here.")
 
-    def _finish(self, node: Any, leaves: list[Leaf], static_leaves: list[Leaf],
+    def _finish(self, node: _core.Node, leaves: list[Leaf], static_leaves: list[Leaf],
                 export_with: str | None, backend_params: dict) -> None:
         node_info = info(node)
         cfg = _Current.config
@@ -506,7 +481,7 @@ class SessionAPI:
         dtype, shape = _describe(leaf.value)
         return _core.Port(leaf.name, dtype, shape, vid, clone_plain(leaf.value), leaf.semantics)
 
-    def _merge_states(self, node: Any, outputs: dict) -> set[str]:
+    def _merge_states(self, node: _core.Node, outputs: dict) -> set[str]:
         """Add the updated states to outputs (name -> Port), in declaration order.
 
         A state named like a regular output replaces it in place, keeping the
@@ -536,7 +511,7 @@ class SessionAPI:
             port.src_node, port.src_port = node, name
         return shadowed
 
-    def _check_static_over_state(self, node: Any, static_leaves: list[Leaf]) -> None:
+    def _check_static_over_state(self, node: _core.Node, static_leaves: list[Leaf]) -> None:
         """A static output named like an updated state must match it in dtype and shape."""
         node_info = info(node)
         updates = dict(node_info.state_updates)
@@ -553,7 +528,7 @@ class SessionAPI:
                       f"shape {list(shape)} and dtype {dtype} where the state has shape "
                       f"{list(port.shape)} and dtype {port.dtype}. Rename the static output.")
 
-    def _prune(self, node: Any) -> None:
+    def _prune(self, node: _core.Node) -> None:
         live_ops, live = node.prune([p.vid for p in node.outputs])
         info(node).live_ops = live_ops
         kept, trimmed = [], []
@@ -568,7 +543,7 @@ class SessionAPI:
                 "clarity and efficiency, consider removing these inputs", node.name,
                 {p.name for p in trimmed})
 
-    def _reenter_outputs(self, node: Any, leaves: list[Leaf],
+    def _reenter_outputs(self, node: _core.Node, leaves: list[Leaf],
                          static_leaves: list[Leaf]) -> None:
         """Check a later pass's outputs against pass 1 and cache them.
 
@@ -687,7 +662,6 @@ class SessionAPI:
     def module(self, node_name: str, model: torch.nn.Module,
                buffer_names: list[str] | None = None) -> None:
         """Track the registered buffers of model while the node traces."""
-        from ._buffers import BufferTracker
         node = self._existing("module", node_name)
         if not node.is_tracing:
             for tracker in info(node).trackers:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from . import _core
+from ._numpy import tensor_ufunc, to_numpy
 
 
 class TracedTensor(torch.Tensor):
@@ -54,12 +55,10 @@ class TracedTensor(torch.Tensor):
 
     def numpy(self, *, force: bool = False):
         """The values as an ndarray; inside a tracing session a traced array."""
-        from ._numpy import to_numpy
         return to_numpy(self, force=force)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """np.tanh(t) and friends: recorded while the node traces, else as for a tensor."""
-        from ._numpy import tensor_ufunc
         return tensor_ufunc(ufunc, method, inputs, kwargs)
 
     def __array__(self, dtype=None, copy=None):

@@ -13,7 +13,6 @@ docs/cli.md describes each verb.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -66,16 +65,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _checksum(yaml_dir: str, name: str, parameters: dict) -> tuple[str, bool]:
     """(what to print, ok) for one node's model file (confined to the bundle)."""
+    from ._digest import file_digests
     from ._safe_load import bundle_file
     model_path = parameters.get("model_path")
     if not model_path:
@@ -89,7 +81,7 @@ def _checksum(yaml_dir: str, name: str, parameters: dict) -> tuple[str, bool]:
     expected = parameters.get("sha256sum")
     if expected is None:
         return f"{model_path}: no sha256sum recorded", False
-    if _sha256(path) != expected:
+    if file_digests(path)[0] != expected:
         return f"{model_path}: sha256 MISMATCH", False
     return f"{model_path}: sha256 ok", True
 

@@ -17,7 +17,6 @@ allocated.  See ``docs/safety.md``.
 """
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
 import math
@@ -27,7 +26,9 @@ from typing import Any, Callable
 
 import torch
 
-from leapp import _core, _logging
+from leapp import _core
+from leapp._digest import file_digests
+from leapp._logging import fatal, reject
 from leapp._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
                               load_pt2, load_yaml, open_regular, parse_shape, quote)
 
@@ -61,20 +62,15 @@ _DTYPES: dict[str, torch.dtype] = {
 _ONNX_UNSUPPORTED_BY_NUMPY = (torch.bfloat16,)
 
 
-def _fatal(message: str, error_type: type[Exception] = ValueError) -> None:
-    """Write ``message`` to log.txt (if a session runs) and raise it, printed once."""
-    _logging.fatal(message, error_type)
-
-
 def _split_key(key: Any, what: str) -> tuple[str, str]:
     """Split ``"node/port"`` into its two parts, or raise a ValueError."""
     if not isinstance(key, str):
-        _fatal(f"Invalid {what} key {quote(key)}: expected a 'node_name/port_name' string")
+        reject(f"Invalid {what} key {quote(key)}: expected a 'node_name/port_name' string")
     parts = key.split("/")
     if len(parts) != 2:
         reason = ("too many values to unpack (expected 2)" if len(parts) > 2
                   else f"not enough values to unpack (expected 2, got {len(parts)})")
-        _fatal(f"Invalid {what} key {quote(key)}: {reason}. "
+        reject(f"Invalid {what} key {quote(key)}: {reason}. "
                "Expected format: node_name/port_name")
     return parts[0], parts[1]
 
@@ -87,7 +83,7 @@ def _parse_dtype(value: Any, where: str) -> torch.dtype:
         name = value[len("torch."):] if value.startswith("torch.") else value
         dtype = _DTYPES.get(name)
     if dtype is None:
-        _fatal(f"Unsupported dtype {quote(value)} for {where}. "
+        reject(f"Unsupported dtype {quote(value)} for {where}. "
                f"Supported dtypes: {sorted(_DTYPES)}")
     return dtype
 
@@ -97,20 +93,12 @@ def _parse_shape(value: Any, where: str) -> tuple[int, ...]:
     return parse_shape(value, where)
 
 
-def _sha256(path: str, what: str) -> str:
-    digest = hashlib.sha256()
-    with os.fdopen(open_regular(path, what), "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _mapping(value: Any, where: str, allow_none: bool = False) -> dict:
     """``value`` when it is a mapping (``None`` reads as empty where allowed)."""
     if value is None and allow_none:
         return {}
     if not isinstance(value, dict):
-        _fatal(f"{where} must be a mapping, got {quote(value)}")
+        reject(f"{where} must be a mapping, got {quote(value)}")
     return value
 
 
@@ -119,29 +107,29 @@ def _name_list(value: Any, where: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        _fatal(f"{where} must be a list of names, got {quote(value)}")
+        reject(f"{where} must be a list of names, got {quote(value)}")
     return value
 
 
 def _check_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or not name or "/" in name or name == OUTPUT_KEY:
-        _fatal(f"Invalid {what} {quote(name)}: expected a non-empty string without '/'")
+        reject(f"Invalid {what} {quote(name)}: expected a non-empty string without '/'")
     return name
 
 
 def _port_entries(value: Any, node: str, side: str) -> list[dict[str, Any]]:
     """A node's ``inputs`` or ``outputs``: a list of {name, dtype, shape} mappings."""
     if not isinstance(value, list):
-        _fatal(f"'{side}' of node {quote(node)} must be a list of port descriptions, "
+        reject(f"'{side}' of node {quote(node)} must be a list of port descriptions, "
                f"got {quote(value)}")
     seen: set[str] = set()
     for entry in value:
         if not isinstance(entry, dict) or not all(k in entry for k in ("name", "dtype", "shape")):
-            _fatal(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
+            reject(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
                    f"dtype and shape, got {quote(entry)}")
         name = _check_name(entry["name"], f"{side[:-1]} name of node {quote(node)}")
         if name in seen:
-            _fatal(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
+            reject(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
         seen.add(name)
     return value
 
@@ -267,12 +255,12 @@ class InferenceNode:
         if not isinstance(description, Mapping) or not all(
                 k in description for k in ("inputs", "outputs", "parameters")):
             keys = list(description.keys()) if isinstance(description, Mapping) else description
-            _fatal("Model description must contain inputs, outputs, and parameters, got "
+            reject("Model description must contain inputs, outputs, and parameters, got "
                    f"{quote(keys)}")
         params = _mapping(description["parameters"], f"'parameters' of node {quote(name)}",
                           allow_none=True)
         if not all(k in params for k in ("model_path", "md5sum", "sha256sum", "backend")):
-            _fatal("Model description must contain model_path, md5sum, sha256sum, and "
+            reject("Model description must contain model_path, md5sum, sha256sum, and "
                    f"backend, got {quote(list(params.keys()))}")
         self.name = name
         self.input_descriptions: list[dict[str, Any]] = list(
@@ -294,7 +282,7 @@ class InferenceNode:
         if backend not in ("jit", "onnx", "pt2"):
             if backend is None and params["model_path"] in (None, ""):
                 self._resolve_path(None, yaml_dir, allow_external_paths)
-            _fatal(f"Unsupported backend: {clip(backend)}")
+            reject(f"Unsupported backend: {clip(backend)}")
         self.backend: str = backend
         self._bundle_dir = yaml_dir
         self._allow_external_paths = allow_external_paths
@@ -312,15 +300,16 @@ class InferenceNode:
     def _resolve_path(self, model_path: Any, yaml_dir: str,
                       allow_external_paths: bool = False) -> str:
         if model_path is None or model_path == "":
-            _fatal(f"Node {quote(self.name)} has no model_path: it cannot run in "
+            reject(f"Node {quote(self.name)} has no model_path: it cannot run in "
                    "InferenceManager. Export it with a backend (jit, onnx or pt2).")
         return bundle_file(yaml_dir, model_path, f"model file for node {quote(self.name)}",
                            allow_external_paths)
 
     def _verify(self, expected: Any) -> None:
-        actual = _sha256(self.model_path, f"Model file for node {quote(self.name)}")
+        what = f"Model file for node {quote(self.name)}"
+        actual = file_digests(open_regular(self.model_path, what))[0]
         if expected != actual:
-            _fatal(f"SHA256 checksum mismatch for {self.model_path}: "
+            reject(f"SHA256 checksum mismatch for {self.model_path}: "
                    f"expected {clip(expected)}, got {actual}")
 
     def _load(self) -> tuple[Any, Callable[..., Any], str]:
@@ -329,10 +318,10 @@ class InferenceNode:
         except BundleError as exc:  # the safe loaders' own refusals (already logged)
             raise BundleError(f"Node {quote(self.name)}: {exc}") from exc
         except Exception as exc:  # a corrupt or hostile file: one clear message
-            _fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
-                   f"{quote(self.model_path)}: {type(exc).__name__}: "
-                   f"{clip(' '.join(str(exc).split()), 400)}",
-                   BundleError)
+            fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
+                  f"{quote(self.model_path)}: {type(exc).__name__}: "
+                  f"{clip(' '.join(str(exc).split()), 400)}",
+                  BundleError)
             raise AssertionError("unreachable") from exc
 
     def _load_model(self) -> tuple[Any, Callable[..., Any], str]:
@@ -358,20 +347,20 @@ class InferenceNode:
                 model = model.to(device)
             # Called as a module: torch.export installs input-checking hooks.
             return model, model, device
-        _fatal(f"Unsupported backend: {clip(backend)}")
+        reject(f"Unsupported backend: {clip(backend)}")
         raise AssertionError("unreachable")
 
     def __call__(self, *args: torch.Tensor) -> Any:
         """Run the model once; a single output is returned unwrapped."""
         if len(args) != len(self.input_names):
-            _fatal(f"Expected {len(self.input_names)} inputs, got {len(args)}")
+            reject(f"Expected {len(self.input_names)} inputs, got {len(args)}")
         result = self.call(*args)
         if isinstance(result, (tuple, list)):
             if len(result) == 1:
                 result = result[0]
             elif len(result) != len(self.output_names):
-                _fatal(f"Expected {len(self.output_names)} outputs, got {len(result)}",
-                       RuntimeError)
+                fatal(f"Expected {len(self.output_names)} outputs, got {len(result)}",
+                      RuntimeError)
         return result
 
     def __repr__(self) -> str:
@@ -444,9 +433,9 @@ class InferenceManager:
     def __init__(self, yaml_path: str, allow_external_paths: bool = False) -> None:
         yaml_path = os.fspath(yaml_path)
         if not os.path.exists(yaml_path):
-            _fatal(f"Leapp description file not found at {clip(yaml_path)}", FileNotFoundError)
+            fatal(f"Leapp description file not found at {clip(yaml_path)}", FileNotFoundError)
         if not yaml_path.endswith(".yaml"):
-            _fatal(f"Leapp description file must end with .yaml, got {clip(yaml_path)}")
+            reject(f"Leapp description file must end with .yaml, got {clip(yaml_path)}")
         self.model_path = yaml_path
         self._yaml_dir = os.path.dirname(os.path.abspath(yaml_path))
         self._allow_external_paths = bool(allow_external_paths)
@@ -465,7 +454,7 @@ class InferenceManager:
         if not isinstance(description, dict) or not all(
                 k in description for k in ("models", "pipeline", "system information")):
             keys = list(description.keys()) if isinstance(description, dict) else description
-            _fatal("Leapp description file must contain models, pipeline, and "
+            reject("Leapp description file must contain models, pipeline, and "
                    f"system_info, got {quote(keys)}")
         self.leapp_description: dict[str, Any] = description
         self.models: dict[str, Any] = _mapping(description["models"], "Section 'models'")
@@ -480,12 +469,12 @@ class InferenceManager:
             flow = _mapping(self.pipeline.get(section), f"Section '{where}'", allow_none=True)
             for key, targets in flow.items():
                 if not isinstance(key, str):
-                    _fatal(f"Invalid {where} key {quote(key)}: expected a string")
+                    reject(f"Invalid {where} key {quote(key)}: expected a string")
                 _name_list(targets, f"{where} entry {quote(key)}")
             flows[section] = flow
         initial = self.pipeline.get("initial_values")
         if initial is not None and not isinstance(initial, str):
-            _fatal(f"pipeline initial_values must be a file name, got {quote(initial)}")
+            reject(f"pipeline initial_values must be a file name, got {quote(initial)}")
         self._data_flow: dict[str, list[str]] = flows["data_flow"]
         self._feedback_flow: dict[str, list[str]] = flows["feedback_flow"]
 
@@ -503,11 +492,11 @@ class InferenceManager:
         graph_outputs = self._graph_ports("outputs")
         for node, name in graph_inputs:
             if node not in nodes or name not in nodes[node].input_names:
-                _fatal(f"Pipeline input {quote(f'{node}/{name}')} does not match any node input. "
+                reject(f"Pipeline input {quote(f'{node}/{name}')} does not match any node input. "
                        f"Available nodes: {quote(list(nodes))}")
         for node, name in graph_outputs:
             if node not in nodes or name not in nodes[node].output_names:
-                _fatal(f"Pipeline output {quote(f'{node}/{name}')} does not match any node output. "
+                reject(f"Pipeline output {quote(f'{node}/{name}')} does not match any node output. "
                        f"Available nodes: {quote(list(nodes))}")
 
         # routing table: forward targets first, then feedback, then graph outputs
@@ -610,7 +599,7 @@ class InferenceManager:
         for name, node in self.nodes.items():
             missing = [port for port in node.output_names if (name, port) not in routes]
             if missing:
-                _fatal(
+                reject(
                     f"Node {quote(name)} has unroutable outputs: {quote(missing)}. Every model "
                     "output must appear in pipeline data_flow, feedback_flow, or pipeline outputs. "
                     "This may indicate the YAML was edited manually and is inconsistent "
@@ -621,10 +610,10 @@ class InferenceManager:
         nodes = self.nodes
         for (src_node, src_port), targets in routes.items():
             if src_node not in nodes:
-                _fatal(f"Source node {quote(src_node)} not found in models")
+                reject(f"Source node {quote(src_node)} not found in models")
             source = nodes[src_node]
             if src_port not in source.output_names:
-                _fatal(f"Source output {quote(src_port)} not found in node {quote(src_node)}. "
+                reject(f"Source output {quote(src_port)} not found in node {quote(src_node)}. "
                        f"Available outputs: {quote(source.output_names)}")
             i = source.output_names.index(src_port)
             src_shape, src_dtype = source.output_shapes[i], source.output_dtypes[i]
@@ -632,19 +621,19 @@ class InferenceManager:
                 if dst_node == OUTPUT_KEY:
                     continue
                 if dst_node not in nodes:
-                    _fatal(f"Target node {quote(dst_node)} not found in models")
+                    reject(f"Target node {quote(dst_node)} not found in models")
                 target = nodes[dst_node]
                 if dst_port not in target.input_names:
-                    _fatal(f"Target input {quote(dst_port)} not found in node {quote(dst_node)}. "
+                    reject(f"Target input {quote(dst_port)} not found in node {quote(dst_node)}. "
                            f"Available inputs: {quote(target.input_names)}")
                 j = target.input_names.index(dst_port)
                 dst_shape, dst_dtype = target.input_shapes[j], target.input_dtypes[j]
                 src_key, dst_key = clip(f"{src_node}/{src_port}"), clip(f"{dst_node}/{dst_port}")
                 if list(src_shape) != list(dst_shape):
-                    _fatal(f"Shape mismatch in pipeline connection: {src_key} "
+                    reject(f"Shape mismatch in pipeline connection: {src_key} "
                            f"{tuple(src_shape)} -> {dst_key} {tuple(dst_shape)}")
                 if src_dtype != dst_dtype:
-                    _fatal(f"Dtype mismatch in pipeline connection: {src_key} {src_dtype} "
+                    reject(f"Dtype mismatch in pipeline connection: {src_key} {src_dtype} "
                            f"-> {dst_key} {dst_dtype}")
 
     def _run_order(self) -> list[str]:
@@ -672,7 +661,7 @@ class InferenceManager:
                     heapq.heappush(ready, rank[nxt])
         if len(order) != len(names):
             cycle = [name for name in names if pending[name] > 0]
-            _fatal(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
+            reject(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
                    "listed under feedback_flow")
         return order
 
@@ -693,19 +682,19 @@ class InferenceManager:
         with os.fdopen(open_regular(path, "Feedback initial values file"), "rb") as handle:
             data = handle.read(limit + 1)
         if len(data) > limit:
-            _fatal(f"Feedback initial values file {quote(path)} is larger than the {limit} "
-                   "bytes the declared node inputs can hold", BundleError)
+            fatal(f"Feedback initial values file {quote(path)} is larger than the {limit} "
+                  "bytes the declared node inputs can hold", BundleError)
         try:
             tensors = load_safetensors(data)
         except Exception as exc:  # safetensors' own errors: truncated, bad header, dtype
-            _fatal(f"Feedback initial values file {quote(path)} is not a valid safetensors "
-                   f"file: {type(exc).__name__}: {clip(str(exc))}", BundleError)
+            fatal(f"Feedback initial values file {quote(path)} is not a valid safetensors "
+                  f"file: {type(exc).__name__}: {clip(str(exc))}", BundleError)
         for key, tensor in tensors.items():
             node, name = _split_key(key, "feedback initial value")
             slot = self._slot_of.get((node, name))
             if slot is None or node == OUTPUT_KEY:
                 inputs = self.nodes[node].input_names if node in self.nodes else None
-                _fatal(f"Feedback initial value key {quote(key)} does not match any node input. "
+                reject(f"Feedback initial value key {quote(key)} does not match any node input. "
                        f"Available nodes: {quote(list(self.nodes))}"
                        + (f"; inputs of {quote(node)}: {quote(inputs)}" if inputs is not None
                           else ""))
@@ -713,7 +702,7 @@ class InferenceManager:
             i = target.input_names.index(name)
             shape, dtype = target.input_shapes[i], target.input_dtypes[i]
             if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-                _fatal(f"Feedback initial value {quote(key)} is a {tensor.dtype} tensor of shape "
+                reject(f"Feedback initial value {quote(key)} is a {tensor.dtype} tensor of shape "
                        f"{tuple(tensor.shape)}, but the input is declared {dtype} {shape}")
             self._initial.append((slot, tensor.to(target.device)))
 
@@ -739,15 +728,15 @@ class InferenceManager:
     def set_input_value(self, node_name: str, input_name: str, value: torch.Tensor) -> None:
         """Copy ``value`` into the buffer of ``node_name/input_name`` (in place)."""
         if node_name not in self.nodes:
-            _fatal(f"Node '{node_name}' not found. Available nodes: {list(self.nodes)}",
-                   KeyError)
+            fatal(f"Node '{node_name}' not found. Available nodes: {list(self.nodes)}",
+                  KeyError)
         node = self.nodes[node_name]
         if input_name not in node.input_names:
-            _fatal(f"Input '{input_name}' not found in node '{node_name}'. "
-                   f"Available inputs: {node.input_names}", KeyError)
+            fatal(f"Input '{input_name}' not found in node '{node_name}'. "
+                  f"Available inputs: {node.input_names}", KeyError)
         buffer = self._program.get(self._slot_of[(node_name, input_name)])
         if tuple(value.shape) != tuple(buffer.shape):
-            _fatal(f"Shape mismatch for input '{node_name}/{input_name}': expected "
+            reject(f"Shape mismatch for input '{node_name}/{input_name}': expected "
                    f"{tuple(buffer.shape)}, got {tuple(value.shape)}")
         with torch.no_grad():
             buffer.copy_(value)

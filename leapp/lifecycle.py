@@ -1,7 +1,6 @@
 """leapp.start(), leapp.stop() and leapp.compile_graph()."""
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
@@ -12,6 +11,7 @@ from typing import Any
 import torch
 
 from . import _core, _logging, _publish
+from ._digest import file_digests
 from ._logging import fatal, logger, section
 from ._session import SessionConfig, _Current, check_session_thread, info
 from ._torch_caches import release_export_caches
@@ -114,15 +114,6 @@ def stop() -> None:
     _teardown_session()
 
 
-def _file_hashes(path: str) -> tuple[str, str]:
-    md5, sha = hashlib.md5(), hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            md5.update(chunk)
-            sha.update(chunk)
-    return md5.hexdigest(), sha.hexdigest()
-
-
 def _os_description() -> str:
     try:
         release = platform.freedesktop_os_release()
@@ -200,7 +191,7 @@ def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str) -> dict
     if result is not None:
         backend, extra = result.yaml_backend, result.parameters
         if result.path is not None:
-            md5, sha = _file_hashes(result.path)
+            md5, sha = file_digests(result.path, ("md5", "sha256"))
             written_here = os.path.dirname(os.path.abspath(result.path)) == work_dir
             path = os.path.basename(result.path) if written_here \
                 else os.path.relpath(result.path, bundle_dir)

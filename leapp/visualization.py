@@ -1245,6 +1245,16 @@ class Scene:
     height: int
     crossings: int
 
+    def loop_route(self, loop: Loop) -> list[Point]:
+        """The points of a loop's route (feedback, or an edge to an earlier layer)."""
+        return _loop_points(loop, self.grid)
+
+
+def layout_pipeline(view: PipelineView) -> Scene:
+    """Where the picture of `view` places every card, terminal and edge, in logical
+    pixels: the layout render_pipeline paints (tests read it to check placement)."""
+    return _layout(view, _load_fonts(1))
+
 
 def _layout(view: PipelineView, fonts: Mapping[str, FontT]) -> Scene:
     """Compute positions of every card, terminal and edge route, in logical pixels."""

@@ -1,4 +1,5 @@
-"""Paths shared by the tests (a plain module: `conftest` names clash across folders)."""
+"""Paths and helpers shared by the tests (a plain module: `conftest` names clash across
+folders)."""
 from __future__ import annotations
 
 import os
@@ -19,3 +20,21 @@ def upstream_python() -> str | None:
 def under_sanitizer() -> bool:
     """Whether the suite runs under `make test-asan` (ASan's quarantine holds freed memory)."""
     return os.environ.get("LEAPP_SANITIZED") == "1"
+
+
+def finished_node(core, name, inputs=(), outputs=(), index=0):
+    """A finished core Node with float32 (1, 2) ports of the names given (no torch)."""
+    node = core.Node(name)
+    for port_name in inputs:
+        node.inputs.append(core.Port(port_name, "float32", (1, 2), node.new_value()))
+    for port_name in outputs:
+        node.outputs.append(core.Port(port_name, "float32", (1, 2), node.new_value()))
+    node.finish(index)
+    return node
+
+
+def wire(consumer, input_name, producer, output_name):
+    """Make producer's output the source of consumer's input of that name."""
+    for port in consumer.inputs:
+        if port.name == input_name:
+            port.src_node, port.src_port = producer, output_name

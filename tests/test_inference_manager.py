@@ -872,31 +872,14 @@ def test_no_leak_over_20000_steps(tmp_path):
     # thousands of steps; a leak keeps growing after that.
     for _ in range(10000):
         manager.run_policy(inputs)
-    gc.collect()
-    objects, refs = len(gc.get_objects()), _refcount(x)
     steps, rss = [], []
     for step in range(LEAK_STEPS + 1):
         if step % LEAK_INTERVAL == 0:
             steps.append(step)
             rss.append(_rss_kb() * 1024)
         manager.run_policy(inputs)
-    gc.collect()
-    assert len(gc.get_objects()) - objects < 50
     growth = rss_growth_per_step(steps, rss)
     assert growth < LEAK_BOUND or support.under_sanitizer(), (  # ASan quarantines frees
         f"RSS grows {growth:.1f} bytes/step over {LEAK_STEPS} steps; samples (KiB above the "
         f"first): {[(r - rss[0]) >> 10 for r in rss]}")
-    assert _refcount(x) == refs
-    # error paths release what they took
-    for _ in range(2000):
-        with pytest.raises(ValueError):
-            manager.run_policy({"pre/x": torch.zeros(2)})
-    gc.collect()
-    assert _refcount(x) == refs
-    assert len(gc.get_objects()) - objects < 50
-
-
-def _refcount(obj) -> int:
-    import sys
-
-    return sys.getrefcount(obj)
+    # References and objects (the error path's too): tests/test_leaks.py, exactly.

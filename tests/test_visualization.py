@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -143,9 +142,9 @@ def test_feedback_drawn_in_feedback_colour(tmp_path):
 def test_feedback_lane_runs_above_the_cards(tmp_path):
     models, pipeline = loop3()
     view = viz.parse_pipeline(models, pipeline)
-    scene = viz._layout(view, viz._load_fonts(1))
+    scene = viz.layout_pipeline(view)
     (loop,) = scene.loops
-    lane_y = min(y for _, y in viz._loop_points(loop, scene.grid))
+    lane_y = min(y for _, y in scene.loop_route(loop))
     assert lane_y < min(i.y for i in scene.items if i.kind == "node")
     out = render(tmp_path, "loop3", (models, pipeline))
     with Image.open(out) as im:
@@ -157,7 +156,7 @@ def test_feedback_lane_runs_above_the_cards(tmp_path):
 def test_layout_producers_left_of_consumers_and_no_overlap():
     models, pipeline = diamond()
     view = viz.parse_pipeline(models, pipeline)
-    scene = viz._layout(view, viz._load_fonts(1))
+    scene = viz.layout_pipeline(view)
     cards = {i.key[1]: i for i in scene.items if i.kind == "node"}
     for conn in view.connections:
         assert cards[conn.src_node].x + cards[conn.src_node].width < cards[conn.dst_node].x
@@ -170,15 +169,12 @@ def test_layout_producers_left_of_consumers_and_no_overlap():
 
 
 def test_chain_of_100_wraps_into_rows(tmp_path):
-    started = time.perf_counter()
     out = render(tmp_path, "chain100", chain(100))
-    elapsed = time.perf_counter() - started
     with Image.open(out) as im:
         assert max(im.size) <= viz.MAX_SIDE
         assert im.width < 6000 and im.height < 6000
         assert im.height > 1000  # wrapped into several rows, not one strip
     assert out.stat().st_size < 4 * 1024 * 1024
-    assert elapsed < 20
 
 
 def test_single_node_and_node_without_model(tmp_path):

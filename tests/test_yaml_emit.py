@@ -9,7 +9,6 @@ import gc
 import importlib
 import math
 import random
-import sys
 import tracemalloc
 
 import pytest
@@ -387,14 +386,11 @@ def _rss_bytes():
 def test_no_leak_over_many_calls():
     docs = bundle_documents()
     bad = [{"a": {"b": [1, 2, {"c": (1, {3})}]}}]
-    probe = docs[0]["models"]["policy"]["inputs"][0]["shape"]
     for _ in range(500):
         emit_yaml(docs)
         with pytest.raises(TypeError):
             emit_yaml(bad)
     gc.collect()
-    refs_before = sys.getrefcount(probe)
-    objects_before = len(gc.get_objects())
     rss_before = _rss_bytes()
     tracemalloc.start()
     snap_before = tracemalloc.take_snapshot()
@@ -410,8 +406,7 @@ def test_no_leak_over_many_calls():
     gc.collect()
     growth = sum(s.size_diff for s in snap_after.compare_to(snap_before, "filename"))
     assert growth < 64 * 1024, growth
-    assert sys.getrefcount(probe) == refs_before
-    assert len(gc.get_objects()) - objects_before < 100
+    # References and objects: tests/test_leaks.py (scenario graph_and_yaml), exactly.
     # libyaml allocates with malloc, which tracemalloc does not see (under the
     # sanitizer build ASan's quarantine holds freed memory: RSS says nothing there).
     assert _rss_bytes() - rss_before < 4 * 1024 * 1024 or support.under_sanitizer()
