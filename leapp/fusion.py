@@ -27,7 +27,6 @@ if any output differs.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 
 from ._safe_load import quote
+from ._digest import file_digests
 
 logger = logging.getLogger("leapp")
 
@@ -721,14 +721,6 @@ def _close(want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> b
 # ---- the YAML record --------------------------------------------------------------
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 _SECTION = re.compile(r"^\S[^\n]*:[^\n]*$", re.MULTILINE)
 
 
@@ -748,7 +740,7 @@ def record(yaml_path: str, fused_path: str, format: str) -> None:
     with open(yaml_path, encoding="utf-8") as handle:
         text = handle.read()
     current = _recorded(text)
-    current[format] = {"model_path": relative, "sha256sum": _sha256(fused_path),
+    current[format] = {"model_path": relative, "sha256sum": file_digests(fused_path)[0],
                        "format_version": FORMAT_VERSION}
     text = _without_section(text, YAML_KEY)
     text = text.rstrip("\n") + "\n\n" + _core.emit_yaml([{YAML_KEY: current}])

@@ -326,8 +326,7 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
 
 def _recorded_fused(yaml_path: str, recorded: Any) -> str | None:
     """The fused ONNX the YAML records (``compile_graph(fuse=True)``), if its sha256 holds."""
-    import hashlib
-
+    from ._digest import file_digests
     from ._safe_load import bundle_file
     entry = (recorded or {}).get("onnx") if isinstance(recorded, Mapping) else None
     if not isinstance(entry, Mapping) or entry.get("format_version") != 1:
@@ -335,13 +334,10 @@ def _recorded_fused(yaml_path: str, recorded: Any) -> str | None:
     try:
         path = bundle_file(os.path.dirname(os.path.abspath(yaml_path)), entry.get("model_path"),
                            "recorded fused model")
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        sha256 = file_digests(path)[0]
     except (OSError, ValueError):
         return None
-    if digest.hexdigest() != entry.get("sha256sum"):
+    if sha256 != entry.get("sha256sum"):
         logger.warning("The fused model recorded in %s does not match its sha256; fusing the "
                        "bundle again for the Triton repository", yaml_path)
         return None
