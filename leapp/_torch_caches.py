@@ -87,7 +87,8 @@ class _FxSources:
 
     def __init__(self) -> None:
         self.next_id = 0      # keys from this counter value on have not been seen yet
-        self.kept: set[str] = set()  # seen, but their code was still in use
+        self.waiting: set[str] = set()  # seen at the last release, judged at the next
+        self.kept: set[str] = set()     # judged, but their code was still in use
 
 
 _FX_SOURCES = _FxSources()
@@ -139,9 +140,11 @@ def _fx_keys_in_use(graph_module: type) -> set[str]:
 def _release_fx_sources(state: _FxSources) -> int:
     """Drop the cached sources of fx code that no live class, frame or traceback uses.
 
-    Only keys fx numbered since the previous release are looked at (plus
-    those still in use then): exports make and discard GraphModules, and fx
-    keeps every generated source, in its loader and in linecache, for good.
+    Exports make and discard GraphModules, and fx keeps every generated
+    source, in its loader and in linecache, for good.  A key is judged one
+    release after it is first seen (another thread may be between fx caching
+    the source and putting the code on its class), and judged again while
+    its code is in use; keys made before leapp's first release are judged too.
     """
     module = sys.modules.get("torch.fx.graph_module")
     loader = getattr(module, "_loader", None) if module is not None else None
@@ -157,7 +160,8 @@ def _release_fx_sources(state: _FxSources) -> int:
         if match is not None and state.next_id <= int(match.group(1)) < next_id:
             fresh.add(key)
     state.next_id = next_id
-    candidates = fresh | state.kept
+    candidates = state.waiting | state.kept
+    state.waiting = fresh
     in_use = _fx_keys_in_use(graph_module)
     state.kept = candidates & in_use
     dropped = 0
