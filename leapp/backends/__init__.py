@@ -111,10 +111,10 @@ def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Example inputs as plain, detached tensors outside inference mode.
 
     Each is a fresh tensor, never a view: torch.export fakes a view's base
-    too, and the fake view and its fake base hold each other through C++
-    (view to base) and Python (the fake mode's memo), a cycle the garbage
-    collector cannot see, so every export of a view input would keep its
-    ShapeEnv and fake tensors alive for good.
+    too, and the fake view and base are then held from C++, out of the
+    garbage collector's sight, so every export of a view input would keep
+    its fake mode and ShapeEnv (fake tensors, guards, frame summaries) alive
+    for good.
     """
     with torch._C.DisableTorchFunctionSubclass():
         return [_fresh_plain(t) for t in inputs]
