@@ -108,6 +108,21 @@ def save_via_memory(save: Callable[[Any], None], path: str) -> None:
 
 
 def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Example inputs as plain, detached tensors outside inference mode."""
+    """Example inputs as plain, detached tensors outside inference mode.
+
+    Each is a fresh tensor, never a view: torch.export fakes a view's base
+    too, and the fake view and base are then held from C++, out of the
+    garbage collector's sight, so every export of a view input would keep
+    its fake mode and ShapeEnv (fake tensors, guards, frame summaries) alive
+    for good.
+    """
     with torch._C.DisableTorchFunctionSubclass():
-        return [t.detach().clone().as_subclass(torch.Tensor) for t in inputs]
+        return [_fresh_plain(t) for t in inputs]
+
+
+def _fresh_plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached, non-view torch.Tensor copy of t."""
+    copy = t.detach().clone()  # plain: torch-function subclasses are switched off
+    if type(copy) is not torch.Tensor:  # a subclass that keeps its type through clone
+        copy = copy.as_subclass(torch.Tensor).clone()
+    return copy
