@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from ._safe_load import quote
 from ._digest import file_digests
+from ._safe_load import quote
 
 logger = logging.getLogger("leapp")
 
