@@ -220,6 +220,36 @@ def load_yaml(path: str) -> Any:
 # ---- shapes ---------------------------------------------------------------------------
 
 
+BUNDLE_DOCUMENTS = ("models", "pipeline", "system information")
+
+
+def read_bundle(path: str) -> dict:
+    """The bundle YAML's three top-level mappings, read by :func:`load_yaml`.
+
+    Raises BundleError (one line, naming the file) when the path is not a
+    bundle's .yaml file or its documents are missing or not mappings.
+    """
+    if not os.path.exists(path):
+        raise BundleError(f"no such file: {path}")
+    if os.path.isdir(path):
+        raise BundleError(f"{path} is a directory; give the bundle's .yaml file")
+    if not path.endswith(".yaml"):
+        raise BundleError(f"{path} is not a .yaml file; give the bundle's .yaml file")
+    try:
+        loaded = load_yaml(path)
+    except (OSError, ValueError) as exc:
+        text = " ".join((str(exc).strip() or type(exc).__name__).split())
+        raise BundleError(f"cannot read {path}: {text}") from exc
+    if not isinstance(loaded, dict) or not all(k in loaded for k in BUNDLE_DOCUMENTS):
+        raise BundleError(f"{path} is not a leapp bundle: it needs the documents "
+                          f"{', '.join(BUNDLE_DOCUMENTS)}")
+    if not isinstance(loaded["models"] or {}, dict) \
+            or not isinstance(loaded["pipeline"] or {}, dict):
+        raise BundleError(f"{path} is not a leapp bundle: 'models' and 'pipeline' must be "
+                          f"mappings")
+    return loaded
+
+
 def parse_shape(value: Any, where: str) -> tuple[int, ...]:
     """A declared port shape: a list of non-negative ints (or its JSON text).
 

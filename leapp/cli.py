@@ -19,7 +19,6 @@ import time
 from typing import Any, Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-_DOCUMENTS = ("models", "pipeline", "system information")
 _PORT_FIELDS = ("name", "dtype", "shape", "type")
 
 
@@ -39,25 +38,11 @@ def _read_bundle(path: str) -> dict:
     Parsed by InferenceManager's safe loader (no anchors or aliases, bounded
     size and depth, regular files only).
     """
-    from ._safe_load import load_yaml
-    if not os.path.exists(path):
-        raise BundleError(f"no such file: {path}")
-    if os.path.isdir(path):
-        raise BundleError(f"{path} is a directory; give the bundle's .yaml file")
-    if not path.endswith(".yaml"):
-        raise BundleError(f"{path} is not a .yaml file; give the bundle's .yaml file")
+    from ._safe_load import BundleError as Unreadable, read_bundle
     try:
-        loaded = load_yaml(path)
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"cannot read {path}: {_one_line(exc)}") from exc
-    if not isinstance(loaded, dict) or not all(k in loaded for k in _DOCUMENTS):
-        raise BundleError(f"{path} is not a leapp bundle: it needs the documents "
-                          f"{', '.join(_DOCUMENTS)}")
-    if not isinstance(loaded["models"] or {}, dict) \
-            or not isinstance(loaded["pipeline"] or {}, dict):
-        raise BundleError(f"{path} is not a leapp bundle: 'models' and 'pipeline' must be "
-                          f"mappings")
-    return loaded
+        return read_bundle(path)
+    except Unreadable as exc:
+        raise BundleError(str(exc)) from exc
 
 
 def _one_line(exc: BaseException) -> str:

@@ -449,7 +449,7 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
         TritonRepositoryError: a node or tensor Triton cannot serve (named, with the fix).
         FileExistsError: ``repo_dir`` holds files already.
     """
-    from .cli import BundleError, _read_bundle
+    from ._safe_load import BundleError, read_bundle
 
     if serve_with not in SERVE_WITH:
         raise ValueError(f"serve_with={serve_with!r}: expected one of {SERVE_WITH}")
@@ -458,7 +458,7 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
     yaml_path = os.fspath(yaml_path)
     repo_dir = os.path.abspath(os.fspath(repo_dir))
     try:
-        bundle = _read_bundle(yaml_path)
+        bundle = read_bundle(yaml_path)
     except BundleError as exc:
         raise TritonRepositoryError(str(exc)) from exc
     if os.path.isdir(repo_dir) and os.listdir(repo_dir):
