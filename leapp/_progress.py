@@ -171,7 +171,7 @@ class CompileProgress:
         tqdm = _bar_class()
         if tqdm is None:
             return
-        widget = tqdm.__module__.startswith("tqdm.notebook")
+        widget = any(base.__module__ == "tqdm.notebook" for base in tqdm.__mro__)
         stream = sys.stderr
         if not widget and not getattr(stream, "isatty", lambda: False)():
             return  # a file or a pipe: the lines are the progress
