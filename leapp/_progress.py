@@ -176,9 +176,13 @@ class CompileProgress:
         if not widget and not getattr(stream, "isatty", lambda: False)():
             return  # a file or a pipe: the lines are the progress
         steps = 2 * len(self.nodes) + 1 if validate else len(self.nodes) + 1
-        self.bar = tqdm(total=steps, desc=f"compile {graph}", file=stream, leave=True,
-                        bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]",
-                        dynamic_ncols=True)
+        try:
+            self.bar = tqdm(total=steps, desc=f"compile {graph}", file=stream, leave=True,
+                            bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]",
+                            dynamic_ncols=True)
+        except Exception as exc:  # noqa: BLE001  (a front end without widgets: lines only)
+            logger.debug("No progress bar: %s: %s", type(exc).__name__, exc)
+            return
         _logging._State.console_writer = lambda text, to: tqdm.write(text, file=to)
 
     def _step(self, doing: str | None) -> None:
