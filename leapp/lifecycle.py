@@ -336,7 +336,10 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     The new bundle is built beside the old one and validated there, each model
     loaded as InferenceManager loads it; then it replaces the old bundle in one
     step (leapp._publish).  An error before that leaves the old bundle as it was;
-    a full disk raises BundleWriteError (an OSError) naming the bundle.
+    a full disk raises BundleWriteError (an OSError) naming the bundle.  A node
+    unchanged since the previous compile into the bundle reuses its checked file
+    (leapp._incremental); every node is validated all the same.  Progress: a line
+    per node and a bar (leapp._progress); verbose=False turns both off.
 
     Returns {node: True | False | exception} when validating (a CompileResult: a
     dict that also displays inline in notebooks), else True.
