@@ -141,6 +141,10 @@ def third_party_to_log(while_doing: str) -> Iterator[None]:
             _Diversion.filter = None
 
 
+# The backend of a node described without a model (bring-your-own, no model_path).
+NO_MODEL = "no model"
+
+
 def _verdict(result: Any) -> str:
     if result is True:
         return "validation passed"
@@ -185,44 +189,55 @@ class CompileProgress:
             return
         _logging._State.console_writer = lambda text, to: tqdm.write(text, file=to)
 
-    def _step(self, doing: str | None) -> None:
+    def _show(self, doing: str) -> None:
         if self.bar is not None:
-            if doing is None:
-                self.bar.update(1)
-            else:
-                self.bar.set_postfix_str(doing, refresh=True)
+            self.bar.set_postfix_str(doing, refresh=True)
+
+    def _advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
 
     def exporting(self, node: str) -> None:
-        self._step(f"exporting {node}")
+        self._show(f"exporting {node}")
 
     def exported(self, node: str, backend: str, seconds: float, reused: bool) -> None:
         self.rows[node] = (backend, seconds, reused)
-        self._step(None)
+        self._advance()
         if not self.validate:
             self._line(node, None)
 
     def writing(self) -> None:
-        self._step("writing the bundle")
+        self._show("writing the bundle")
 
     def written(self) -> None:
-        self._step(None)
+        self._advance()
 
     def validating(self, node: str) -> None:
         if node in self.rows:
-            self._step(f"validating {node}")
+            self._show(f"validating {node}")
 
     def validated(self, node: str, result: Any) -> None:
         if node in self.rows:
-            self._step(None)
+            self._advance()
             self._line(node, result)
 
     def _line(self, node: str, result: Any) -> None:
         backend, seconds, reused = self.rows[node]
         index = self.nodes.index(node) + 1 if node in self.nodes else len(self.rows)
-        how = f"reused from the previous compile ({seconds:.2f} s)" if reused \
-            else f"exported in {seconds:.2f} s"
+        if backend == NO_MODEL:
+            how = "described without a model"
+        elif reused:
+            how = f"reused from the previous compile ({seconds:.2f} s)"
+        else:
+            how = f"exported in {seconds:.2f} s"
+        if not self.validate:
+            verdict = "not validated"
+        elif backend == NO_MODEL:
+            verdict = "nothing to validate"
+        else:
+            verdict = _verdict(result)
         logger.log(self.level, "%d/%d %s (%s): %s, %s", index, len(self.nodes), node, backend,
-                   how, _verdict(result) if self.validate else "not validated")
+                   how, verdict)
 
     def close(self) -> None:
         """Take the bar down (it stays on screen, finished or where it stopped)."""

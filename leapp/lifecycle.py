@@ -13,7 +13,7 @@ import torch
 
 from . import _core, _incremental, _logging, _publish
 from ._logging import fatal, logger, section
-from ._progress import CompileProgress, third_party_to_log
+from ._progress import NO_MODEL, CompileProgress, third_party_to_log
 from ._session import SessionConfig, _Current, check_session_thread, info
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
@@ -165,7 +165,7 @@ def _backend_label(export_with: str | None, result: Any) -> str:
     from .backends import CANONICAL
     if export_with is not None:
         return CANONICAL.get(export_with, str(export_with))
-    return f"own {result.yaml_backend} file" if result.path else "no model"
+    return f"own {result.yaml_backend} file" if result.path else NO_MODEL
 
 
 def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,

@@ -226,3 +226,20 @@ def test_onnx_state_ports_and_initial_values_survive_reuse(tmp_path):
     manager = leapp.InferenceManager(os.path.join(bundle, "s.yaml"))
     assert torch.allclose(manager({"cell/x": torch.zeros(1, 3)})["cell/y"],
                           torch.zeros(1, 3))
+
+
+def test_a_node_without_a_model_is_never_reused(tmp_path):
+    """Bring-your-own without a file: described in the YAML, no key, its own line."""
+    for _ in range(2):
+        leapp.start("own", save_path=str(tmp_path))
+        x = annotate.input_tensors("a", {"x": torch.ones(2)})
+        y = annotate.output_tensors("a", {"y": x * 2}, export_with="jit")
+        z = annotate.input_tensors("mine", {"y": y})
+        annotate.output_tensors("mine", {"z": z + 1}, export_with=None)
+        leapp.stop()
+        result = leapp.compile_graph(visualize=False)
+    assert reused(result) == {"a": True, "mine": False}
+    bundle = os.path.join(str(tmp_path), "own")
+    assert set(json.load(open(os.path.join(bundle, MANIFEST)))["nodes"]) == {"a"}
+    log = open(os.path.join(bundle, "log.txt")).read()
+    assert "2/2 mine (no model): described without a model, nothing to validate" in log

@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
         x = annotate.input_tensors("a", {{"x": torch.ones(2)}})
         y = annotate.output_tensors("a", {{"y": x * 2}}, export_with="jit")
         z = annotate.input_tensors("b", {{"y": y}})
-        annotate.output_tensors("b", {{"z": z + 1}}, export_with="jit-trace")
+        annotate.output_tensors("b", {{"z": z + 1}}, export_with="jit")
         leapp.stop()
         for stream in (sys.stdout, sys.stderr):
             stream.write("<<" + graph + ">>\\n")
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 LINE_A = "1/2 a (jit-script): exported in "
-LINE_B = "2/2 b (jit-trace): exported in "
+LINE_B = "2/2 b (jit-script): exported in "
 
 
 def _sections(text: str) -> dict[str, str]:
