@@ -199,17 +199,19 @@ def test_a_failed_compile_with_reused_files_leaves_the_old_bundle(copy, monkeypa
     assert not [n for n in os.listdir(root) if n.startswith(".leapp-")]
 
 
-def test_onnx_state_ports_and_initial_values_survive_reuse(tmp_path):
-    """ONNX renames a state port h to h_in / h_out: a reused node gets the same names."""
+def test_onnx_renames_dropped_inputs_and_warnings_survive_reuse(tmp_path):
+    """ONNX renames the state port h to h_in / h_out and drops an input it folded
+    away (with a warning): a reused node gets the same names, inputs and warning."""
     def run() -> dict:
         leapp.start("s", save_path=str(tmp_path))
         h = torch.zeros(1, 3)
         for step in range(2):
-            x = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step)})
+            x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
+                                                        "folded": torch.ones(1, 3)})
             state = annotate.state_tensors("cell", {"h": h})
-            new = torch.tanh(x + 0.5 * state)
+            new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
             annotate.update_state("cell", {"h": new})
-            annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx")
+            annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
         leapp.stop()
         return leapp.compile_graph(visualize=False)
 
@@ -223,6 +225,8 @@ def test_onnx_state_ports_and_initial_values_survive_reuse(tmp_path):
     spec = yaml.safe_load(before["s.yaml"])
     assert [p["name"] for p in spec["models"]["cell"]["inputs"]] == ["x", "h_in"]
     assert [p["name"] for p in spec["models"]["cell"]["outputs"]] == ["y", "h_out"]
+    log = open(os.path.join(bundle, "log.txt")).read()
+    assert "[WARNING]: [cell] ONNX export optimized away 1 inputs: ['folded']" in log
     manager = leapp.InferenceManager(os.path.join(bundle, "s.yaml"))
     assert torch.allclose(manager({"cell/x": torch.zeros(1, 3)})["cell/y"],
                           torch.zeros(1, 3))
