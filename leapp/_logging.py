@@ -155,6 +155,11 @@ def _install(log: logging.Logger) -> logging.Logger:
 logger = _install(logging.getLogger("leapp"))
 
 
+def write_console_through(writer: Callable[[str, TextIO], None] | None) -> None:
+    """Have leapp's console lines written by writer(text, stream) (None: directly)."""
+    _State.console_writer = writer
+
+
 def prints_itself(level: int) -> bool:
     """Whether a record at level reaches the console through leapp's own handler
     (no handler of the application's takes it; the console threshold lets it by)."""

@@ -187,7 +187,7 @@ class CompileProgress:
         except Exception as exc:  # noqa: BLE001  (a front end without widgets: lines only)
             logger.debug("No progress bar: %s: %s", type(exc).__name__, exc)
             return
-        _logging._State.console_writer = lambda text, to: tqdm.write(text, file=to)
+        _logging.write_console_through(lambda text, to: tqdm.write(text, file=to))
 
     def _show(self, doing: str) -> None:
         if self.bar is not None:
@@ -242,7 +242,7 @@ class CompileProgress:
     def close(self) -> None:
         """Take the bar down (it stays on screen, finished or where it stopped)."""
         bar, self.bar = self.bar, None
-        _logging._State.console_writer = None
+        _logging.write_console_through(None)
         if bar is not None:
             bar.set_postfix_str("", refresh=False)
             bar.close()
