@@ -16,7 +16,8 @@ and writes OUT/<name>/<name>.yaml), under both interpreters:
    (only their presence and form are checked); ``pipeline`` equal (data_flow,
    feedback_flow, inputs, outputs, initial_values, configs); ``system
    information`` the same keys, values ignored except ``leapp config
-   version``.  Also the set of files in the bundle (log and PNG aside).  Text
+   version``.  Also the set of files in the bundle (log, PNG and our
+   incremental-compile manifest aside).  Text
    identity after masking hashes and system information is reported as
    information only.
 2. The initial-values safetensors: same keys, equal tensors (dtype, shape,
@@ -253,10 +254,16 @@ def text_diff_lines(ours_path, up_path):
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
+# Our bundles also hold the content keys of incremental compiles (a hidden
+# file no reader of the format needs): not a difference of the format.
+INCREMENTAL_MANIFEST = ".leapp_cache.json"
+
+
 def bundle_files(yaml_path):
     d = os.path.dirname(yaml_path)
     return sorted(f for f in os.listdir(d)
-                  if not f.startswith("log") and not f.endswith(".png"))
+                  if not f.startswith("log") and not f.endswith(".png")
+                  and f != INCREMENTAL_MANIFEST)
 
 
 # --------------------------------------------------------------------------

@@ -10,14 +10,18 @@ Rules (docs/api.md, "Logging"):
   above the ``leapp`` logger's effective level reach the application's
   handlers once.  When nothing is configured, leapp prints through its own
   console handler (one at most): warnings and errors to stderr, the rest to
-  stdout, from the ``SYSTEM`` level up (or the level set on the ``leapp``
+  stdout, from the ``PROGRESS`` level up (or the level set on the ``leapp``
   logger).
 * ``verbose=True`` (``leapp.start``, ``compile_graph``) lowers that threshold
   to DEBUG in both cases.
-* Levels: DEBUG graph dumps and internals, INFO progress, SECTION (25) section
-  headers, SYSTEM (27) the export summary; both are below WARNING, so
+* Levels: DEBUG graph dumps, internals and third-party warnings raised while
+  compiling, INFO steps, SECTION (25) section headers, PROGRESS (26) one line
+  per compiled node, SYSTEM (27) the export summary; all are below WARNING, so
   ``basicConfig(level=logging.WARNING)`` hides them and ``level=INFO`` shows
   them.
+* While compile_graph's progress bar shows (leapp's own console only, see
+  leapp._progress), leapp's console lines are written through the bar, so the
+  two never overwrite each other.
 * FATAL records are errors leapp raises: they are written to log.txt and
   never reach a console or the application's handlers (the exception carries
   the message, so it prints once).
@@ -30,12 +34,14 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import NoReturn
+from typing import Callable, NoReturn, TextIO
 
 SECTION = 25
+PROGRESS = 26
 SYSTEM = 27
 FATAL = logging.ERROR + 1
 logging.addLevelName(SECTION, "SECTION")
+logging.addLevelName(PROGRESS, "PROGRESS")
 logging.addLevelName(SYSTEM, "SYSTEM")
 logging.addLevelName(FATAL, "FATAL")
 
@@ -54,6 +60,8 @@ class _State:
     path: str | None = None      # <bundle>/log.txt, the log's final place
     private: str | None = None   # the session's own file while not writing in place
     verbose: bool = False
+    # While a progress bar shows: writes one console line (text, stream) around it.
+    console_writer: Callable[[str, TextIO], None] | None = None
 
 
 class _ConsoleHandler(logging.Handler):
@@ -70,6 +78,10 @@ class _ConsoleHandler(logging.Handler):
             code = _COLOURS.get(record.levelno)
             if code and getattr(stream, "isatty", lambda: False)():
                 text = f"{code}{text}\033[0m"
+            writer = _State.console_writer
+            if writer is not None:
+                writer(text, stream)
+                return
             stream.write(text + "\n")
             stream.flush()
         except Exception:  # noqa: BLE001  (logging must never raise)
@@ -103,7 +115,7 @@ class _LeappLoggerMixin:
             return logging.DEBUG
         if configured:                   # the application's configuration decides
             return self.getEffectiveLevel()  # type: ignore[attr-defined]
-        return self.level or SYSTEM      # type: ignore[attr-defined]
+        return self.level or PROGRESS    # type: ignore[attr-defined]
 
     def isEnabledFor(self, level: int) -> bool:
         if self.disabled or self.manager.disable >= level:  # type: ignore[attr-defined]
@@ -142,6 +154,21 @@ def _install(log: logging.Logger) -> logging.Logger:
 
 logger = _install(logging.getLogger("leapp"))
 
+
+def write_console_through(writer: Callable[[str, TextIO], None] | None) -> None:
+    """Have leapp's console lines written by writer(text, stream) (None: directly)."""
+    _State.console_writer = writer
+
+
+def prints_itself(level: int) -> bool:
+    """Whether a record at level reaches the console through leapp's own handler
+    (no handler of the application's takes it; the console threshold lets it by)."""
+    log = logger
+    if log.disabled or log.manager.disable >= level:
+        return False
+    if log._application_handlers():  # type: ignore[attr-defined]
+        return False
+    return level >= log._console_threshold(False)  # type: ignore[attr-defined]
 
 
 def holds_bundle(directory: str) -> bool:

@@ -22,7 +22,8 @@ class CompileResult(dict):
 
     It compares equal to a plain dict, prints like one and serialises like one
     (``json.dumps``, ``pickle``).  In Jupyter it shows the pipeline picture and
-    one row per node (backend, model file, export seconds, validation) through
+    one row per node (backend, model file, export seconds, whether the file was
+    reused from the previous compile, validation) through
     ``_repr_html_`` and ``_repr_png_``.  Extra attributes: ``graph`` (the graph
     name), ``bundle`` (the bundle directory), ``nodes`` (the rows, as dicts)
     and ``png`` (the picture's bytes, or None).
@@ -59,7 +60,8 @@ class CompileResult(dict):
                 f"<td>{esc(str(row.get('node')))}</td>"
                 f"<td>{esc(str(row.get('backend') or '-'))}</td>"
                 f"<td>{esc(str(row.get('file') or '-'))}</td>"
-                f"<td>{'-' if seconds is None else f'{seconds:.2f}'}</td>"
+                f"<td>{'-' if seconds is None else f'{seconds:.2f}'}"
+                f"{' (reused)' if row.get('reused') else ''}</td>"
                 f"<td style=\"color:{colour}\">{esc(verdict)}</td>"
                 "</tr>")
         picture = ""
@@ -77,14 +79,17 @@ class CompileResult(dict):
 
 
 def compile_result(results: dict, graph: str, bundle: str, models: dict, seconds: dict,
-                   picture: bool = True) -> CompileResult:
-    """The CompileResult of one compile: rows from the YAML models, the bundle's PNG."""
+                   picture: bool = True, reused: set | None = None) -> CompileResult:
+    """The CompileResult of one compile: rows from the YAML models, the bundle's PNG.
+
+    reused: the nodes whose file came unchanged from the previous compile.
+    """
     rows = []
     for name, entry in models.items():
         parameters = (entry or {}).get("parameters") or {}
         rows.append({"node": name, "backend": parameters.get("backend"),
                      "file": parameters.get("model_path"), "seconds": seconds.get(name),
-                     "validation": results.get(name)})
+                     "reused": name in (reused or ()), "validation": results.get(name)})
     png = None
     try:
         if not picture:

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from . import _core, _logging, _publish
+from . import _core, _incremental, _logging, _publish
 from ._digest import file_digests
 from ._logging import fatal, logger, section
+from ._progress import NO_MODEL, CompileProgress, third_party_to_log
 from ._session import SessionConfig, _Current, check_session_thread, info
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
@@ -150,8 +151,17 @@ def _rename_port(nodes: list, node: Any, port: Any, new: str) -> None:
                 inp.src_port = new
 
 
-def _export_nodes(nodes: list, work_dir: str) -> dict:
-    """Export every node into work_dir; returns {node name: Exported}."""
+def _backend_label(export_with: str | None, result: Any) -> str:
+    """The backend a progress line names: canonical, or what a bring-your-own file is."""
+    from .backends import CANONICAL
+    if export_with is not None:
+        return CANONICAL.get(export_with, str(export_with))
+    return f"own {result.yaml_backend} file" if result.path else NO_MODEL
+
+
+def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
+                  progress: CompileProgress) -> dict:
+    """Export every node into work_dir (or reuse its unchanged file); {node name: Exported}."""
     from .backends import export_node
     exported = {}
     section(f"Discovered {len(nodes)} nodes")
@@ -161,12 +171,22 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
         if cfg is not None and node.name in cfg.non_traced:
             continue  # described and wired, never exported
         section(f"Compiling {node.name}")
+        progress.exporting(node.name)
         inputs = [p.value for p in node.inputs]
         started = time.perf_counter()
         try:
-            result = export_node(node.name, node_info.export_with, node_info.backend_params,
-                                 node_info.graph_module.module, inputs, [p.name for p in node.inputs],
-                                 [p.name for p in node.outputs], work_dir)
+            with third_party_to_log(f"exporting {node.name}"), \
+                    _incremental.collect_notes() as notes:
+                module = node_info.graph_module.module
+                key = _incremental.key_of(node, node_info.export_with,
+                                          node_info.backend_params, module)
+                result = cache.reuse(node, key)
+                if result is None:
+                    result = export_node(node.name, node_info.export_with,
+                                         node_info.backend_params, module, inputs,
+                                         [p.name for p in node.inputs],
+                                         [p.name for p in node.outputs], work_dir)
+                    cache.remember(node, key, result, notes)
         except Exception as exc:
             fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
         for port, name in zip(list(node.inputs), result.input_names):
@@ -180,6 +200,8 @@ def _export_nodes(nodes: list, work_dir: str) -> dict:
                 _rename_port(nodes, node, port, name)
         result.seconds = time.perf_counter() - started
         exported[node.name] = result
+        progress.exported(node.name, _backend_label(node_info.export_with, result),
+                          result.seconds, node.name in cache.reused)
         logger.info("Success\n")
     return exported
 
@@ -248,9 +270,13 @@ def _checkpoint(phase: str) -> None:
 
 
 def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_export: bool,
-           visualize: bool, graph_configs: GraphConfigs | None) -> tuple[dict, dict, dict]:
-    """Write the whole new bundle into staging; (exported, models, pipeline)."""
-    exported = {} if skip_export else _export_nodes(nodes, staging)
+           visualize: bool, graph_configs: GraphConfigs | None,
+           progress: CompileProgress) -> tuple[dict, dict, dict, set]:
+    """Write the whole new bundle into staging; (exported, models, pipeline, reused nodes)."""
+    cache = _incremental.Cache(bundle, staging, _incremental.enabled())
+    exported = {} if skip_export else _export_nodes(nodes, staging, cache, progress)
+    cache.write()
+    progress.writing()
     _checkpoint("exported")
     section("Processing Node Connections Using Traced Output Ports")
     built = _core.build_pipeline(nodes)
@@ -289,7 +315,8 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
         in_place |= _publish.inside(entry["parameters"]["model_path"])
     _publish.carry_foreign(bundle, staging, cfg.graph_name, in_place)
     _publish.finish_modes(staging, bundle, written + ["log.txt"])
-    return exported, models, pipeline
+    progress.written()
+    return exported, models, pipeline, cache.reused
 
 
 def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
@@ -301,7 +328,10 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     The new bundle is built beside the old one and validated there, each model
     loaded as InferenceManager loads it; then it replaces the old bundle in one
     step (leapp._publish).  An error before that leaves the old bundle as it was;
-    a full disk raises BundleWriteError (an OSError) naming the bundle.
+    a full disk raises BundleWriteError (an OSError) naming the bundle.  A node
+    unchanged since the previous compile into the bundle reuses its checked file
+    (leapp._incremental); every node is validated all the same.  Progress: a line
+    per node and a bar (leapp._progress); verbose=False turns both off.
 
     fuse=True also writes <graph>_fused.onnx, the whole pipeline as one model
     (leapp.fuse, docs/fuse.md), validated against the bundle and recorded in
@@ -338,20 +368,25 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     committed = False
     results: dict = {}
     failure = None
+    progress = CompileProgress(
+        graph, [] if skip_export else [n.name for n in nodes if n.name not in cfg.non_traced],
+        validate=validate, quiet=verbose is False)
     try:
         _checkpoint("staged")
         try:
-            exported, models, pipeline = _stage(cfg, nodes, staging, bundle, skip_export,
-                                                visualize, graph_configs)
-            _checkpoint("written")
-            entries = [(n.name, SavedModel(n.name, models[n.name], staging,
-                                           allow_external=exported[n.name].external)
-                        if n.name in exported and exported[n.name].path else None,
-                        list(n.inputs), list(n.outputs)) for n in nodes]
-            if validate and not skip_export:
-                results, failure = run_validation(entries, rtol, atol)
-                if strict and failure is not None:
-                    logger.log(_logging.FATAL, failure)
+            with third_party_to_log(f"compiling {graph}"):
+                exported, models, pipeline, reused = _stage(
+                    cfg, nodes, staging, bundle, skip_export, visualize, graph_configs,
+                    progress)
+                _checkpoint("written")
+                entries = [(n.name, SavedModel(n.name, models[n.name], staging,
+                                               allow_external=exported[n.name].external)
+                            if n.name in exported and exported[n.name].path else None,
+                            list(n.inputs), list(n.outputs)) for n in nodes]
+                if validate and not skip_export:
+                    results, failure = run_validation(entries, rtol, atol, observer=progress)
+                    if strict and failure is not None:
+                        logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
             if fuse and not skip_export:
                 from .fusion import fuse_staged
@@ -369,6 +404,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         committed = True
         _checkpoint("committed")
     finally:
+        progress.close()
         shutil.rmtree(staging, ignore_errors=True)
         _LIVE_STAGING.discard(staging)
         log_file = os.path.join(bundle, "log.txt")
@@ -390,7 +426,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         raise Exception(failure)
     from ._result import compile_result
     return compile_result(results, cfg.graph_name, cfg.save_dir, models,
-                          {name: e.seconds for name, e in exported.items()}, visualize)
+                          {name: e.seconds for name, e in exported.items()}, visualize,
+                          reused)
 
 
 # Staging directories of compiles running in this process (never "stale").

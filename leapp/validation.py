@@ -225,8 +225,13 @@ def validate_models(entries: list, rtol: float, atol: float, strict: bool) -> di
     return results
 
 
-def run_validation(entries: list, rtol: float, atol: float) -> tuple[dict, str | None]:
-    """({node: result}, the strict-mode failure message or None); raises nothing."""
+def run_validation(entries: list, rtol: float, atol: float,
+                   observer: Any = None) -> tuple[dict, str | None]:
+    """({node: result}, the strict-mode failure message or None); raises nothing.
+
+    observer (compile_graph's progress) is told of each node: validating(name)
+    before, validated(name, result) after.
+    """
     results: dict[str, Any] = {}
     hints: dict[str, str] = {}
     section(f"Validating {len(entries)} models")
@@ -235,19 +240,23 @@ def run_validation(entries: list, rtol: float, atol: float) -> tuple[dict, str |
         return results, None
     for name, model, inputs, outputs in entries:
         logger.info("Validating %s...", name)
+        if observer is not None:
+            observer.validating(name)
         if model is None:
             logger.warning("Model %s does not have a compiled model. Skipping validation.", name)
             results[name] = True
-            continue
-        try:
-            results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol)
-            if hint is not None:
-                hints[name] = hint
-        except Exception as exc:
-            logger.error("%s: Validation failed with exception: %s", name, exc)
-            results[name] = exc
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        else:
+            try:
+                results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol)
+                if hint is not None:
+                    hints[name] = hint
+            except Exception as exc:
+                logger.error("%s: Validation failed with exception: %s", name, exc)
+                results[name] = exc
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if observer is not None:
+            observer.validated(name, results[name])
     total = len(results)
     failed = [n for n, r in results.items() if r is False]
     errors = [n for n, r in results.items() if isinstance(r, BaseException)]

@@ -33,6 +33,7 @@ SCRIPT = textwrap.dedent("""
 WARNING_TEXT = "detected the following inputs are not used"
 SUMMARY_TEXT = "LEAPP export artifacts saved"
 DEBUG_TEXT = "Compiled graph module for a"
+PROGRESS_TEXT = "1/1 a (jit-script): exported in"
 
 
 def _run(tmp_path, configure: str = "", start_args: str = "", tail: str = ""):
@@ -50,6 +51,7 @@ def test_basic_config_info_each_warning_once_no_debug_summary_visible(tmp_path):
     assert DEBUG_TEXT not in proc.stderr + proc.stdout
     assert "DEBUG" not in proc.stderr
     assert proc.stderr.count(SUMMARY_TEXT) == 1
+    assert proc.stderr.count(PROGRESS_TEXT) == 1  # PROGRESS is above INFO
     assert "[WARNING]" not in proc.stderr  # only the application's format
 
 
@@ -57,6 +59,7 @@ def test_basic_config_warning_hides_the_summary(tmp_path):
     proc = _run(tmp_path, "logging.basicConfig(level=logging.WARNING)")
     assert proc.stderr.count(WARNING_TEXT) == 1
     assert SUMMARY_TEXT not in proc.stderr + proc.stdout
+    assert PROGRESS_TEXT not in proc.stderr + proc.stdout
     assert "Node context initialized" not in proc.stderr
 
 
@@ -71,6 +74,7 @@ def test_unconfigured_prints_warnings_to_stderr_and_summary_to_stdout(tmp_path):
     assert proc.stderr.count(WARNING_TEXT) == 1
     assert SUMMARY_TEXT not in proc.stderr
     assert proc.stdout.count(SUMMARY_TEXT) == 1
+    assert proc.stdout.count(PROGRESS_TEXT) == 1 and PROGRESS_TEXT not in proc.stderr
     assert DEBUG_TEXT not in proc.stderr + proc.stdout
     assert "Node context initialized" not in proc.stderr + proc.stdout  # INFO is quiet
 
@@ -78,6 +82,7 @@ def test_unconfigured_prints_warnings_to_stderr_and_summary_to_stdout(tmp_path):
 def test_unconfigured_logger_level_hides_the_summary(tmp_path):
     proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.WARNING)")
     assert SUMMARY_TEXT not in proc.stdout + proc.stderr
+    assert PROGRESS_TEXT not in proc.stdout + proc.stderr  # the standard way to silence it
     assert proc.stderr.count(WARNING_TEXT) == 1
 
 
@@ -93,6 +98,7 @@ def test_log_txt_gets_debug_whatever_the_console(tmp_path):
     _run(tmp_path, "logging.basicConfig(level=logging.ERROR)")
     log = open(os.path.join(tmp_path, "g", "log.txt")).read()
     assert DEBUG_TEXT in log and WARNING_TEXT in log and SUMMARY_TEXT in log
+    assert f"[PROGRESS]: {PROGRESS_TEXT}" in log
 
 
 @pytest.mark.parametrize("configure", ["", "logging.basicConfig(level=logging.DEBUG)"])

@@ -1,6 +1,7 @@
 """compile_graph()'s result in notebooks: still upstream's dict, displayed inline."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -91,9 +92,15 @@ def test_compile_result_displays_inline_in_a_notebook(tmp_path):
     assert "image/png" in data
     assert "<table" in data["text/html"] and "<td>enc</td><td>jit</td>" in data["text/html"]
     assert data["text/plain"] == "{'enc': True}"
-    # the summary is not in the red stderr area
+    # the summary is not in the red stderr area; the progress line is printed
     streams = [o for o in outputs[1] if o.output_type == "stream"]
     assert not any(o.name == "stderr" and "export artifacts" in o.text for o in streams)
+    printed = "".join(o.text for o in streams if o.name == "stdout")
+    assert "1/1 enc (jit-script): exported in" in printed
+    if importlib.util.find_spec("ipywidgets") is not None:  # the progress bar is a widget
+        widgets = [o for o in outputs[1] if o.output_type == "display_data"
+                   and "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert len(widgets) == 1, outputs[1]
 
 
 def _error_text(outputs: list) -> str:

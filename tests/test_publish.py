@@ -22,11 +22,13 @@ import yaml
 
 import leapp
 from leapp import _logging, _publish, annotate
+from leapp._incremental import MANIFEST
 from support import ROOT
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 GRAPH = "g"
-V1_FILES = {"g.yaml", "a.pt", "b.pt", "g_initial_values.safetensors", "log.txt"}
+# MANIFEST: the content keys that let the next compile reuse unchanged nodes' files.
+V1_FILES = {"g.yaml", "a.pt", "b.pt", "g_initial_values.safetensors", "log.txt", MANIFEST}
 
 
 def build(root: str, scale: float, backend: str = "jit", name: str = GRAPH) -> None:
