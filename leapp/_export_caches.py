@@ -149,20 +149,17 @@ def export_dynamo(module: torch.nn.Module, inputs: tuple, *, opset: int, verbose
                   verify: bool, optimize: bool, report: bool) -> Any:
     """torch.onnx.export(module, inputs, dynamo=True, ...) -> ONNXProgram, paying the
     registry and the decomposition tables once per process where that is safe."""
-    if not cached_path_available():
-        return torch.onnx.export(module, inputs, None, dynamo=True, verbose=verbose,
-                                 opset_version=opset, verify=verify, optimize=optimize,
-                                 report=report)
-    from torch.onnx._internal.exporter import _constants
-    if opset < int(_constants.TORCHLIB_OPSET):
-        # torch converts such models down from torchlib's opset and warns: rare,
-        # so left to the plain path, which does exactly that.
-        return torch.onnx.export(module, inputs, None, dynamo=True, verbose=verbose,
-                                 opset_version=opset, verify=verify, optimize=optimize,
-                                 report=report)
-    core, decomp, _, exported_program = _internals()  # type: ignore[misc]
-    reg = registry(opset)
-    with _lock, _memoised_tables(decomp, exported_program):
-        return core.export(module, inputs, None, registry=reg, verbose=verbose,
-                           opset_version=opset, verify=verify, optimize=optimize,
-                           report=report)
+    if cached_path_available():
+        from torch.onnx._internal.exporter import _constants
+        # Below torchlib's opset torch builds the registry for torchlib's and
+        # converts the model down (with a warning): rare, left to the plain path.
+        if opset >= int(_constants.TORCHLIB_OPSET):
+            core, decomp, _, exported_program = _internals()  # type: ignore[misc]
+            reg = registry(opset)
+            with _lock, _memoised_tables(decomp, exported_program):
+                return core.export(module, inputs, None, registry=reg, verbose=verbose,
+                                   opset_version=opset, verify=verify, optimize=optimize,
+                                   report=report)
+    return torch.onnx.export(module, inputs, None, dynamo=True, verbose=verbose,
+                             opset_version=opset, verify=verify, optimize=optimize,
+                             report=report)
