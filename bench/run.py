@@ -35,6 +35,7 @@ WORKLOADS = [
     ("W4", "w4_passthrough.py"),
     ("W5", "w5_inference.py"),
     ("W6", "w6_memory.py"),
+    ("W7", "w7_compile.py"),
     ("W8", "w8_recompile.py"),
     ("W9", "w9_fused.py"),
 ]

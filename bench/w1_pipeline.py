@@ -71,7 +71,7 @@ def main():
         budgets={
             "trace_pass_s": {"max_ratio": 0.2},
             "reentry_pass_s": {"max_ratio": 1.0},
-            "compile_graph_s": {"max_ratio": 1.0},
+            "compile_graph_s": {"max_ratio": 0.5},
         },
         info={"repeats": repeats, "reentries": args.reentries,
               "torch_threads": torch.get_num_threads()},

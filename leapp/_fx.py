@@ -162,10 +162,31 @@ class _Builder:
         # The class name is fixed: TorchScript names the saved class after it and
         # torch.jit.load accepts ASCII identifiers only, while a node may be named
         # anything the YAML can hold ('ü', 'class', 'node-é').
-        return fx.GraphModule(self.root, self.graph, class_name=GRAPH_CLASS_NAME)
+        return NodeGraphModule(self.root, self.graph, class_name=GRAPH_CLASS_NAME)
 
 
 GRAPH_CLASS_NAME = "GraphModule"
+
+
+class NodeGraphModule(fx.GraphModule):
+    """fx.GraphModule with a short __init__ of its own.
+
+    torch.jit.script reads, tokenizes and walks the source of the scripted
+    module's __init__ on every call (its check for empty-container
+    attributes), and fx.GraphModule's runs to a hundred lines: about 40 % of
+    scripting a small node.  This one is two lines.  The instance's class is
+    still fx's per-instance GraphModuleImpl, defined in torch.fx.graph_module
+    and named GRAPH_CLASS_NAME, so TorchScript names and saves it exactly as
+    before.
+    """
+
+    # fx's own list plus `code` (the generated Python source, a str), whose
+    # getter TorchScript would otherwise parse on every script call.
+    __jit_unused_properties__ = list(getattr(fx.GraphModule, "__jit_unused_properties__", [])) \
+        + ["code"]
+
+    def __init__(self, root: Any, graph: fx.Graph, class_name: str = GRAPH_CLASS_NAME) -> None:
+        super().__init__(root, graph, class_name)
 
 # Names the generated forward() already uses: its `self`, the globals of fx's
 # generated code (a port called `torch` would shadow the module) and builtins.

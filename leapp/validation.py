@@ -4,7 +4,8 @@ Each node is validated as it ships: its saved file is loaded from the bundle
 with InferenceManager's own loader (SavedModel), checksum included, and that
 loaded model runs on its first traced example (sample 0: the ports'
 `.value`) and on each cached re-entry example (sample 1, 2, ...: the ports'
-`.samples`).  Per example: the output count, then per output NaN/Inf on either
+`.samples`), TorchScript models in the interpreter without the optimising
+executor's profiling passes.  Per example: the output count, then per output NaN/Inf on either
 side, shape and dtype, and torch.allclose(rtol, atol); a numeric mismatch logs
 shapes, dtypes, value ranges and absolute-difference statistics.  A summary
 closes the run; strict=True raises when any node failed.
@@ -188,7 +189,10 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
     for example in examples:
         args = example.inputs if device is None else [
             t.to(device) if isinstance(t, torch.Tensor) else t for t in example.inputs]
-        with torch.no_grad():
+        # TorchScript's optimising executor spends its first two calls of a model
+        # profiling and recompiling it (~0.1 s a node), which a few validation
+        # calls never earn back; the plain interpreter runs the same ops.
+        with torch.no_grad(), torch.jit.optimized_execution(False):
             got = _as_tuple(model(*args))
         if len(got) != len(example.outputs):
             logger.error("%s sample %d: Output count mismatch - got %d, expected %d", name,

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import _export_caches
 from .._logging import logger
 from . import Exported, prepare_inputs
 
@@ -91,14 +92,15 @@ def _verbose() -> bool:
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
                    input_names: list[str], output_names: list[str], opset: int,
                    params: dict) -> Any:
-    """torch.onnx.export(dynamo=True), then name the graph's inputs and outputs.
+    """torch.onnx.export(dynamo=True) (its registry and tables built once per
+    process: leapp._export_caches), then name the graph's inputs and outputs.
 
     The names are set here rather than by the exporter, which renames values in
     place and so can collide with the exporter's own value names (an output
     called 'add' or 'gt' next to the Add / Greater node's result).
     """
-    program = torch.onnx.export(
-        module, inputs, None, dynamo=True, verbose=_verbose(), opset_version=opset,
+    program = _export_caches.export_dynamo(
+        module, inputs, opset=opset, verbose=_verbose(),
         verify=bool(params.get("verify", False)), optimize=bool(params.get("optimize", True)),
         report=bool(params.get("report", False)))
     placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"]
