@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 from . import _logging
 from ._logging import PROGRESS, logger
+from ._result import verdict
 
 
 def _bar_class() -> Any:
@@ -146,13 +147,8 @@ NO_MODEL = "no model"
 
 
 def _verdict(result: Any) -> str:
-    if result is True:
-        return "validation passed"
-    if result is False:
-        return "validation FAILED"
-    if isinstance(result, BaseException):
-        first = str(result).strip().splitlines()[0] if str(result).strip() else ""
-        return f"validation error: {type(result).__name__}: {first}"[:200]
+    if result is True or result is False or isinstance(result, BaseException):
+        return f"validation {verdict(result).strip().splitlines()[0]}"[:200]
     return "not validated"
 
 

@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 
-def _verdict(result: Any) -> str:
+def verdict(result: Any) -> str:
+    """A node's validation result in words (the compile result's table, the progress lines)."""
     if result is True:
         return "passed"
     if result is False:
@@ -53,8 +54,8 @@ class CompileResult(dict):
         rows = []
         for row in self.nodes:
             seconds = row.get("seconds")
-            verdict = _verdict(row.get("validation"))
-            colour = "#2e7d32" if verdict == "passed" else "#c62828"
+            verdict_text = verdict(row.get("validation"))
+            colour = "#2e7d32" if verdict_text == "passed" else "#c62828"
             rows.append(
                 "<tr>"
                 f"<td>{esc(str(row.get('node')))}</td>"
@@ -62,7 +63,7 @@ class CompileResult(dict):
                 f"<td>{esc(str(row.get('file') or '-'))}</td>"
                 f"<td>{'-' if seconds is None else f'{seconds:.2f}'}"
                 f"{' (reused)' if row.get('reused') else ''}</td>"
-                f"<td style=\"color:{colour}\">{esc(verdict)}</td>"
+                f"<td style=\"color:{colour}\">{esc(verdict_text)}</td>"
                 "</tr>")
         picture = ""
         if self.png:
