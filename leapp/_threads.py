@@ -10,11 +10,16 @@ worker threads, and their spinning afterwards, costs milliseconds per op: a
 spinning workers slowed TorchScript's (single-threaded) compiler twofold.
 compile_graph() therefore runs its export and writing phase on one intra-op
 thread, and its validation too when the saved models are small
-(SMALL_WEIGHTS_BYTES: their files hold the weights), since validation runs every model on every sample and
-a large model's samples do profit from threads.  The count is put back
+(SMALL_WEIGHTS_BYTES: their files hold the weights), since validation runs
+every model on every sample and a large model's samples do profit from
+threads.  The count is put back
 afterwards, also after an error.  Nothing written depends on it: no export
 step computes with the weights, and the outputs validation compares are
 checked against a tolerance.
+
+torch's count is the process's: other threads running torch ops while
+compile_graph() works (and threads started meanwhile) get one intra-op
+thread too.  LEAPP_NO_SINGLE_THREAD=1 keeps the process's count throughout.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ SMALL_WEIGHTS_BYTES = 16 << 20
 def intra_op_threads(count: int | None) -> Iterator[None]:
     """torch.set_num_threads(count) for the block, then the previous count; None: unchanged."""
     previous = torch.get_num_threads()
-    if count is None or count == previous:
+    if count is None or count == previous or disabled():
         yield
         return
     torch.set_num_threads(count)
@@ -43,6 +48,11 @@ def intra_op_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def disabled() -> bool:
+    """True when LEAPP_NO_SINGLE_THREAD asks to keep the process's thread count."""
+    return os.environ.get("LEAPP_NO_SINGLE_THREAD", "").strip() not in ("", "0")
 
 
 def files_bytes(staging: str, extra: Iterable[str] = ()) -> int:

@@ -104,3 +104,14 @@ def test_intra_op_threads_none_leaves_the_count(two_threads: None) -> None:
     with _threads.intra_op_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
+
+
+def test_opt_out_keeps_the_process_count(tmp_path: Any, monkeypatch: Any,
+                                         two_threads: None) -> None:
+    frozen: list = []
+    monkeypatch.setenv("LEAPP_NO_SINGLE_THREAD", "1")
+    monkeypatch.setattr(torch.jit, "freeze", _noting(frozen, torch.jit.freeze))
+    _trace(str(tmp_path))
+    assert dict(leapp.compile_graph(visualize=False)) == {"policy": True}
+    assert frozen == [2]
+    assert torch.get_num_threads() == 2
