@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import re
 import shutil
@@ -224,6 +225,7 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+@functools.cache  # find_library runs ldconfig in a subprocess: once per process
 def _swap_function() -> Any:
     """The libc call that swaps two paths atomically, with its flag; None if none."""
     try:

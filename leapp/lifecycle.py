@@ -15,6 +15,7 @@ from ._digest import file_digests
 from ._logging import fatal, logger, section
 from ._progress import NO_MODEL, CompileProgress, third_party_to_log
 from ._session import SessionConfig, _Current, check_session_thread, info
+from ._threads import intra_op_threads, validation_threads
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
 from .semantics import GraphConfigs
@@ -375,16 +376,20 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         _checkpoint("staged")
         try:
             with third_party_to_log(f"compiling {graph}"):
-                exported, models, pipeline, reused = _stage(
-                    cfg, nodes, staging, bundle, skip_export, visualize, graph_configs,
-                    progress)
+                with intra_op_threads(1):  # copies and compiling: see leapp._threads
+                    exported, models, pipeline, reused = _stage(
+                        cfg, nodes, staging, bundle, skip_export, visualize, graph_configs,
+                        progress)
                 _checkpoint("written")
                 entries = [(n.name, SavedModel(n.name, models[n.name], staging,
                                                allow_external=exported[n.name].external)
                             if n.name in exported and exported[n.name].path else None,
                             list(n.inputs), list(n.outputs)) for n in nodes]
                 if validate and not skip_export:
-                    results, failure = run_validation(entries, rtol, atol, observer=progress)
+                    with intra_op_threads(validation_threads(staging, [
+                            r.path for r in exported.values() if r.external and r.path])):
+                        results, failure = run_validation(entries, rtol, atol,
+                                                          observer=progress)
                     if strict and failure is not None:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
