@@ -49,7 +49,9 @@ DEFAULT_BUDGETS = {
 
 
 def resolve_python(path):
-    """A venv directory or an interpreter path -> an interpreter path."""
+    """A venv directory or an interpreter path -> an absolute interpreter path
+    (the workloads run from bench/; abspath, not realpath, keeps a venv's link)."""
+    path = os.path.abspath(path)
     if os.path.isdir(path):
         for cand in ("bin/python", "bin/python3", "Scripts/python.exe"):
             exe = os.path.join(path, cand)
