@@ -33,7 +33,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,29 +169,30 @@ def plan(manager: Any) -> Plan:
         dtype, shape = port_of(node, port, "input")
         inputs.append(Port(f"{node}/{port}", dtype, shape))
         feeds[node][port] = ("input", f"{node}/{port}")
-    for source, targets in manager._data_flow.items():
-        src = _split_key(source, "pipeline source")
-        for target in targets or []:
-            node, port = _split_key(target, "pipeline target")
-            if port in feeds[node]:
-                _fail(f"Node input {quote(target)} is fed by {quote(source)} and is also a "
-                      f"{feeds[node][port][0]} of the pipeline: one step of this bundle has "
-                      "no single meaning, so it cannot be fused. Fix the bundle's YAML.")
-            feeds[node][port] = ("node", src)
+    def edges(flow: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str, str], str, str]]:
+        """(source key, target key, source (node, port), target node, target port)."""
+        for source, targets in flow.items():
+            src = _split_key(source, "pipeline source")
+            for target in targets or []:
+                yield (source, target, src) + _split_key(target, "pipeline target")
+
+    for source, target, src, node, port in edges(manager._data_flow):
+        if port in feeds[node]:
+            _fail(f"Node input {quote(target)} is fed by {quote(source)} and is also a "
+                  f"{feeds[node][port][0]} of the pipeline: one step of this bundle has "
+                  "no single meaning, so it cannot be fused. Fix the bundle's YAML.")
+        feeds[node][port] = ("node", src)
     states = []
-    for source, targets in manager._feedback_flow.items():
-        src = _split_key(source, "pipeline source")
-        for target in targets or []:
-            node, port = _split_key(target, "pipeline target")
-            if port in feeds[node]:
-                _fail(f"Feedback target {quote(target)} is also fed as a "
-                      f"{feeds[node][port][0]} of the pipeline: it cannot be both state and "
-                      "data in the fused model. Fix the bundle's YAML.")
-            dtype, shape = port_of(node, port, "input")
-            initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
-            states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
-                                shape, initial))
-            feeds[node][port] = ("state", f"{node}/{port}")
+    for _, target, src, node, port in edges(manager._feedback_flow):
+        if port in feeds[node]:
+            _fail(f"Feedback target {quote(target)} is also fed as a "
+                  f"{feeds[node][port][0]} of the pipeline: it cannot be both state and "
+                  "data in the fused model. Fix the bundle's YAML.")
+        dtype, shape = port_of(node, port, "input")
+        initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
+        states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
+                            shape, initial))
+        feeds[node][port] = ("state", f"{node}/{port}")
     for name, entry in nodes.items():
         for port in entry.input_names:
             if port not in feeds[name]:
