@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _PORT_FIELDS = ("name", "dtype", "shape", "type")
@@ -32,17 +32,20 @@ class CheckFailed(Exception):
 
 # ---- reading ------------------------------------------------------------------------------
 
-def _read_bundle(path: str) -> dict:
-    """The YAML's three documents as one mapping; BundleError when it cannot be read.
+def _read_bundle(path: str) -> Any:
+    """The bundle's checked :class:`leapp.pipeline.Pipeline`; BundleError when it cannot be read.
 
     Parsed by InferenceManager's safe loader (no anchors or aliases, bounded
-    size and depth, regular files only).
+    size and depth, regular files only) and checked as InferenceManager checks it.
     """
     from ._safe_load import BundleError as Unreadable, read_bundle
+    from .pipeline import Pipeline
     try:
-        return read_bundle(path)
+        return Pipeline.from_document(read_bundle(path))
     except Unreadable as exc:
         raise BundleError(str(exc)) from exc
+    except ValueError as exc:
+        raise BundleError(f"{path}: {_one_line(exc)}") from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -50,7 +53,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _checksum(yaml_dir: str, name: str, parameters: dict) -> tuple[str, bool]:
+def _checksum(yaml_dir: str, name: str, parameters: Mapping[str, Any]) -> tuple[str, bool]:
     """(what to print, ok) for one node's model file (confined to the bundle)."""
     from ._digest import file_digests
     from ._safe_load import bundle_file
@@ -71,9 +74,7 @@ def _checksum(yaml_dir: str, name: str, parameters: dict) -> tuple[str, bool]:
     return f"{model_path}: sha256 ok", True
 
 
-def _port_text(entry: Any) -> str:
-    if not isinstance(entry, dict):
-        return repr(entry)
+def _port_text(entry: Mapping[str, Any]) -> str:
     shape = entry.get("shape")
     dims = "x".join(str(s) for s in shape) if isinstance(shape, (list, tuple)) else shape
     extra = [f"{k}={_short(v)}" for k, v in entry.items() if k not in _PORT_FIELDS]
@@ -86,62 +87,42 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _flows(pipeline: dict, key: str) -> list[tuple[str, str]]:
-    pairs = []
-    for source, targets in (pipeline.get(key) or {}).items():
-        for target in targets or []:
-            pairs.append((str(source), str(target)))
-    return pairs
-
-
-def _graph_ports(pipeline: dict, key: str) -> list[str]:
-    return [f"{node}/{port}" for node, ports in (pipeline.get(key) or {}).items()
-            for port in ports or []]
-
-
 # ---- verbs --------------------------------------------------------------------------------
 
 def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
-    bundle = _read_bundle(args.bundle)
+    model = _read_bundle(args.bundle)
     yaml_dir = os.path.dirname(os.path.abspath(args.bundle))
-    models, pipeline = bundle["models"] or {}, bundle["pipeline"] or {}
-    system = bundle["system information"] or {}
+    system = model.system_information
     feeds: dict[str, list[str]] = {}
-    for kind in ("data_flow", "feedback_flow"):
-        for source, target in _flows(pipeline, kind):
-            feeds.setdefault(target, []).append(
-                source + (" (feedback)" if kind == "feedback_flow" else ""))
-    graph_inputs = set(_graph_ports(pipeline, "inputs"))
+    for edge in model.edges:
+        feeds.setdefault(edge.target, []).append(
+            edge.source + (" (feedback)" if edge.feedback else ""))
+    graph_inputs = set(model.input_keys())
     failed = []
     graph = os.path.splitext(os.path.basename(args.bundle))[0]
-    print(f"bundle {graph}: {len(models)} node(s), leapp {system.get('leapp version')}, "
+    print(f"bundle {graph}: {len(model.nodes)} node(s), leapp {system.get('leapp version')}, "
           f"torch {system.get('torch version')}", file=out)
-    for name, model in models.items():
-        model = model or {}
-        parameters = model.get("parameters") or {}
-        checksum, ok = _checksum(yaml_dir, name, parameters)
+    for name, node in model.nodes.items():
+        checksum, ok = _checksum(yaml_dir, name, node.parameters)
         if not ok:
             failed.append(f"{name}: {checksum}")
-        print(f"\nnode {name}  backend={parameters.get('backend')}  {checksum}", file=out)
-        for entry in model.get("inputs") or []:
-            key = f"{name}/{entry.get('name') if isinstance(entry, dict) else entry}"
+        print(f"\nnode {name}  backend={node.backend}  {checksum}", file=out)
+        for port in node.inputs:
+            key = f"{name}/{port.name}"
             source = ", ".join(feeds.get(key, [])) or (
                 "graph input" if key in graph_inputs else "unconnected")
-            print(f"  in   {_port_text(entry)}  <- {source}", file=out)
-        for entry in model.get("outputs") or []:
-            print(f"  out  {_port_text(entry)}", file=out)
-    edges = _flows(pipeline, "data_flow")
-    feedback = _flows(pipeline, "feedback_flow")
-    print(f"\nedges ({len(edges)}):", file=out)
-    for source, target in edges:
-        print(f"  {source} -> {target}", file=out)
-    print(f"feedback ({len(feedback)}):", file=out)
-    for source, target in feedback:
-        print(f"  {source} -> {target}", file=out)
-    if pipeline.get("initial_values"):
-        print(f"initial values: {pipeline['initial_values']}", file=out)
-    print(f"graph inputs: {', '.join(_graph_ports(pipeline, 'inputs')) or '-'}", file=out)
-    print(f"graph outputs: {', '.join(_graph_ports(pipeline, 'outputs')) or '-'}", file=out)
+            print(f"  in   {_port_text(port.entry)}  <- {source}", file=out)
+        for port in node.outputs:
+            print(f"  out  {_port_text(port.entry)}", file=out)
+    for title, edges in (("\nedges", list(model.forward_edges())),
+                         ("feedback", list(model.feedback_edges()))):
+        print(f"{title} ({len(edges)}):", file=out)
+        for edge in edges:
+            print(f"  {edge.source} -> {edge.target}", file=out)
+    if model.initial_values:
+        print(f"initial values: {model.initial_values}", file=out)
+    print(f"graph inputs: {', '.join(model.input_keys()) or '-'}", file=out)
+    print(f"graph outputs: {', '.join(model.output_keys()) or '-'}", file=out)
     if failed:
         raise CheckFailed("checksums failed: " + "; ".join(failed))
     print("checksums: ok", file=out)
@@ -182,7 +163,7 @@ def cmd_run(args: argparse.Namespace, out: Any) -> int:
 
 
 def cmd_draw(args: argparse.Namespace, out: Any) -> int:
-    bundle = _read_bundle(args.bundle)
+    model = _read_bundle(args.bundle)
     graph = os.path.splitext(os.path.basename(args.bundle))[0]
     target = args.output or os.path.splitext(args.bundle)[0] + ".png"
     if not target.endswith(".png"):
@@ -190,9 +171,9 @@ def cmd_draw(args: argparse.Namespace, out: Any) -> int:
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise BundleError(f"-o {target}: directory {parent} does not exist")
-    from .visualization import render_pipeline
+    from .visualization import draw
     try:
-        render_pipeline(target, graph, bundle["models"] or {}, bundle["pipeline"] or {})
+        draw(model, target, graph)
     except (RuntimeError, OSError) as exc:
         raise BundleError(_one_line(exc)) from exc
     print(f"wrote {target}", file=out)

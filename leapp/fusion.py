@@ -33,7 +33,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 
 from ._digest import file_digests
 from ._safe_load import quote
+from .pipeline import split_key
 
 logger = logging.getLogger("leapp")
 
@@ -150,9 +151,7 @@ def _fail(message: str) -> None:
 
 def plan(manager: Any) -> Plan:
     """The fused model's interface and wiring, from a loaded ``InferenceManager``."""
-    from .inference_manager import _split_key
-
-    nodes = manager.nodes
+    nodes, graph = manager.nodes, manager.graph
     pipeline = os.path.splitext(os.path.basename(manager.model_path))[0]
 
     def port_of(node: str, port: str, side: str) -> tuple[torch.dtype, tuple[int, ...]]:
@@ -165,27 +164,22 @@ def plan(manager: Any) -> Plan:
 
     inputs = []
     feeds: dict[str, dict[str, tuple[str, Any]]] = {name: {} for name in nodes}
-    for node, port in manager._graph_ports("inputs"):
+    for node, port in graph.inputs:
         dtype, shape = port_of(node, port, "input")
         inputs.append(Port(f"{node}/{port}", dtype, shape))
         feeds[node][port] = ("input", f"{node}/{port}")
-    def edges(flow: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str, str], str, str]]:
-        """(source key, target key, source (node, port), target node, target port)."""
-        for source, targets in flow.items():
-            src = _split_key(source, "pipeline source")
-            for target in targets or []:
-                yield (source, target, src) + _split_key(target, "pipeline target")
-
-    for source, target, src, node, port in edges(manager._data_flow):
+    for edge in graph.forward_edges():
+        node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
         if port in feeds[node]:
-            _fail(f"Node input {quote(target)} is fed by {quote(source)} and is also a "
-                  f"{feeds[node][port][0]} of the pipeline: one step of this bundle has "
+            _fail(f"Node input {quote(edge.target)} is fed by {quote(edge.source)} and is also "
+                  f"a {feeds[node][port][0]} of the pipeline: one step of this bundle has "
                   "no single meaning, so it cannot be fused. Fix the bundle's YAML.")
         feeds[node][port] = ("node", src)
     states = []
-    for _, target, src, node, port in edges(manager._feedback_flow):
+    for edge in graph.feedback_edges():
+        node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
         if port in feeds[node]:
-            _fail(f"Feedback target {quote(target)} is also fed as a "
+            _fail(f"Feedback target {quote(edge.target)} is also fed as a "
                   f"{feeds[node][port][0]} of the pipeline: it cannot be both state and "
                   "data in the fused model. Fix the bundle's YAML.")
         dtype, shape = port_of(node, port, "input")
@@ -201,7 +195,7 @@ def plan(manager: Any) -> Plan:
     taken = {p.name for p in inputs} | {s.input for s in states} | {s.output for s in states}
     outputs = []
     outputs_from = []
-    for node, port in manager._graph_ports("outputs"):
+    for node, port in graph.outputs:
         dtype, shape = port_of(node, port, "output")
         key = f"{node}/{port}"
         # a node's input and output may share a port name (a pass-through), and
@@ -560,10 +554,10 @@ def read_metadata(path: str) -> dict[str, Any]:
 
 def initial_state(metadata: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """``{state input name: initial value}`` decoded from the fused model's metadata."""
-    from .inference_manager import _parse_dtype
+    from .pipeline import torch_dtype
     state = {}
     for entry in metadata["state"]:
-        dtype = _parse_dtype(entry["dtype"], entry["input"])
+        dtype = torch_dtype(entry["dtype"], entry["input"])
         raw = bytearray(base64.b64decode(entry["initial"]["data"]))
         flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
         state[entry["input"]] = flat.reshape(entry["shape"]).clone()
@@ -674,7 +668,7 @@ def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
         actual = fused.step(inputs)
         pairs = [(name, expected[name], actual[name]) for name in fused.output_keys]
         for state, entry in zip(fused.state_inputs, fused.metadata["state"]):
-            node, port = state.split("/", 1)
+            node, port = split_key(state, "fused state")
             # InferenceManager holds the target's next value in its input buffer
             # (or a staging slot): compare with what the fused model carries.
             pairs.append((entry["output"], _next_state(manager, node, port), fused.state[state]))
@@ -695,7 +689,7 @@ def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
 
 def _random(shape: tuple[int, ...], manager: Any, name: str,
             generator: torch.Generator) -> torch.Tensor:
-    node, port = name.split("/", 1)
+    node, port = split_key(name, "fused input")
     entry = manager.nodes[node]
     dtype = entry.input_dtypes[entry.input_names.index(port)]
     if dtype == torch.bool:

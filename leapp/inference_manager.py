@@ -17,7 +17,6 @@ allocated.  See ``docs/safety.md``.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import os
@@ -30,108 +29,10 @@ from leapp import _core
 from leapp._digest import file_digests
 from leapp._logging import fatal, reject
 from leapp._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
-                              load_pt2, load_yaml, open_regular, parse_shape, quote)
+                              load_pt2, load_yaml, open_regular, quote)
+from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key, torch_dtype
 
 logger = logging.getLogger("leapp")
-
-#: Key of the graph-output entry in ``InferenceManager.value_dict``.
-OUTPUT_KEY = "==out=="
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "uint16": torch.uint16,
-    "uint32": torch.uint32,
-    "uint64": torch.uint64,
-    "bool": torch.bool,
-    # spellings seen in older bundles
-    "float": torch.float32,
-    "double": torch.float64,
-    "half": torch.float16,
-    "long": torch.int64,
-    "int": torch.int32,
-}
-
-_ONNX_UNSUPPORTED_BY_NUMPY = (torch.bfloat16,)
-
-
-def _split_key(key: Any, what: str) -> tuple[str, str]:
-    """Split ``"node/port"`` into its two parts, or raise a ValueError."""
-    if not isinstance(key, str):
-        reject(f"Invalid {what} key {quote(key)}: expected a 'node_name/port_name' string")
-    parts = key.split("/")
-    if len(parts) != 2:
-        reason = ("too many values to unpack (expected 2)" if len(parts) > 2
-                  else f"not enough values to unpack (expected 2, got {len(parts)})")
-        reject(f"Invalid {what} key {quote(key)}: {reason}. "
-               "Expected format: node_name/port_name")
-    return parts[0], parts[1]
-
-
-def _parse_dtype(value: Any, where: str) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        return value
-    dtype = None
-    if isinstance(value, str):
-        name = value[len("torch."):] if value.startswith("torch.") else value
-        dtype = _DTYPES.get(name)
-    if dtype is None:
-        reject(f"Unsupported dtype {quote(value)} for {where}. "
-               f"Supported dtypes: {sorted(_DTYPES)}")
-    return dtype
-
-
-def _parse_shape(value: Any, where: str) -> tuple[int, ...]:
-    """A declared shape: a list (or JSON list) of non-negative ints, bounded in size."""
-    return parse_shape(value, where)
-
-
-def _mapping(value: Any, where: str, allow_none: bool = False) -> dict:
-    """``value`` when it is a mapping (``None`` reads as empty where allowed)."""
-    if value is None and allow_none:
-        return {}
-    if not isinstance(value, dict):
-        reject(f"{where} must be a mapping, got {quote(value)}")
-    return value
-
-
-def _name_list(value: Any, where: str) -> list[str]:
-    """A list of non-empty strings (``None`` reads as empty)."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        reject(f"{where} must be a list of names, got {quote(value)}")
-    return value
-
-
-def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not name or "/" in name or name == OUTPUT_KEY:
-        reject(f"Invalid {what} {quote(name)}: expected a non-empty string without '/'")
-    return name
-
-
-def _port_entries(value: Any, node: str, side: str) -> list[dict[str, Any]]:
-    """A node's ``inputs`` or ``outputs``: a list of {name, dtype, shape} mappings."""
-    if not isinstance(value, list):
-        reject(f"'{side}' of node {quote(node)} must be a list of port descriptions, "
-               f"got {quote(value)}")
-    seen: set[str] = set()
-    for entry in value:
-        if not isinstance(entry, dict) or not all(k in entry for k in ("name", "dtype", "shape")):
-            reject(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
-                   f"dtype and shape, got {quote(entry)}")
-        name = _check_name(entry["name"], f"{side[:-1]} name of node {quote(node)}")
-        if name in seen:
-            reject(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
-        seen.add(name)
-    return value
 
 
 def _default_device() -> str:
@@ -178,7 +79,7 @@ class _OnnxRunner:
         self._nargs = len(input_names)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._out_specs = [
-            (name, _parse_shape(d.get("shape"), name), _parse_dtype(d.get("dtype"), name))
+            (name, tuple(d["shape"]), torch_dtype(d["dtype"], name))
             for name, d in zip(self.output_names, output_descriptions)
         ]
         self._np_dtypes: dict[torch.dtype, Any] = {}
@@ -249,35 +150,22 @@ class InferenceNode:
     ``mock_input`` (zero tensors of the declared shapes) and ``mock_output``.
     """
 
-    def __init__(self, name: str, description: Mapping[str, Any], yaml_dir: str,
+    def __init__(self, name: str, description: Mapping[str, Any] | Node, yaml_dir: str,
                  allow_external_paths: bool = False) -> None:
-        _check_name(name, "node name")
-        if not isinstance(description, Mapping) or not all(
-                k in description for k in ("inputs", "outputs", "parameters")):
-            keys = list(description.keys()) if isinstance(description, Mapping) else description
-            reject("Model description must contain inputs, outputs, and parameters, got "
-                   f"{quote(keys)}")
-        params = _mapping(description["parameters"], f"'parameters' of node {quote(name)}",
-                          allow_none=True)
-        if not all(k in params for k in ("model_path", "md5sum", "sha256sum", "backend")):
-            reject("Model description must contain model_path, md5sum, sha256sum, and "
-                   f"backend, got {quote(list(params.keys()))}")
+        spec = description if isinstance(description, Node) \
+            else Node.from_entry(name, description)
         self.name = name
-        self.input_descriptions: list[dict[str, Any]] = list(
-            _port_entries(description["inputs"], name, "inputs"))
-        self.output_descriptions: list[dict[str, Any]] = list(
-            _port_entries(description["outputs"], name, "outputs"))
-        self.parameters: dict[str, Any] = dict(params)
-        self.input_names: list[str] = [d["name"] for d in self.input_descriptions]
-        self.output_names: list[str] = [d["name"] for d in self.output_descriptions]
-        self.input_shapes = [_parse_shape(d["shape"], f"{name}/{d['name']}")
-                             for d in self.input_descriptions]
-        self.input_dtypes = [_parse_dtype(d["dtype"], f"{name}/{d['name']}")
-                             for d in self.input_descriptions]
-        self.output_shapes = [_parse_shape(d["shape"], f"{name}/{d['name']}")
-                              for d in self.output_descriptions]
-        self.output_dtypes = [_parse_dtype(d["dtype"], f"{name}/{d['name']}")
-                              for d in self.output_descriptions]
+        self.spec: Node = spec
+        self.input_descriptions: list[dict[str, Any]] = [p.description() for p in spec.inputs]
+        self.output_descriptions: list[dict[str, Any]] = [p.description() for p in spec.outputs]
+        self.parameters: dict[str, Any] = spec.to_entry()["parameters"]
+        params = self.parameters
+        self.input_names: list[str] = spec.input_names
+        self.output_names: list[str] = spec.output_names
+        self.input_shapes = [p.shape for p in spec.inputs]
+        self.input_dtypes = [p.torch_dtype for p in spec.inputs]
+        self.output_shapes = [p.shape for p in spec.outputs]
+        self.output_dtypes = [p.torch_dtype for p in spec.outputs]
         backend = params["backend"]
         if backend not in ("jit", "onnx", "pt2"):
             if backend is None and params["model_path"] in (None, ""):
@@ -441,8 +329,8 @@ class InferenceManager:
         self._allow_external_paths = bool(allow_external_paths)
         self._load_description()
         self.nodes: dict[str, InferenceNode] = {
-            name: InferenceNode(name, description, self._yaml_dir, self._allow_external_paths)
-            for name, description in self.models.items()}
+            name: InferenceNode(name, spec, self._yaml_dir, self._allow_external_paths)
+            for name, spec in self.graph.nodes.items()}
         self._build()
         self._load_initial_values()
         self._apply_initial_values()
@@ -451,74 +339,33 @@ class InferenceManager:
 
     def _load_description(self) -> None:
         description = load_yaml(self.model_path)
-        if not isinstance(description, dict) or not all(
-                k in description for k in ("models", "pipeline", "system information")):
-            keys = list(description.keys()) if isinstance(description, dict) else description
-            reject("Leapp description file must contain models, pipeline, and "
-                   f"system_info, got {quote(keys)}")
+        #: The checked, read-only model of the bundle's pipeline.
+        self.graph: Pipeline = Pipeline.from_document(description)
+        # the raw documents, as upstream's InferenceManager exposes them
         self.leapp_description: dict[str, Any] = description
-        self.models: dict[str, Any] = _mapping(description["models"], "Section 'models'")
-        self.pipeline: dict[str, Any] = _mapping(description["pipeline"], "Section 'pipeline'")
-        self.system_info: dict[str, Any] = _mapping(description["system information"],
-                                                    "Section 'system information'")
-        for name in self.models:
-            _check_name(name, "node name")
-        flows = {}
-        for section in ("data_flow", "feedback_flow", "inputs", "outputs"):
-            where = f"pipeline {section}"
-            flow = _mapping(self.pipeline.get(section), f"Section '{where}'", allow_none=True)
-            for key, targets in flow.items():
-                if not isinstance(key, str):
-                    reject(f"Invalid {where} key {quote(key)}: expected a string")
-                _name_list(targets, f"{where} entry {quote(key)}")
-            flows[section] = flow
-        initial = self.pipeline.get("initial_values")
-        if initial is not None and not isinstance(initial, str):
-            reject(f"pipeline initial_values must be a file name, got {quote(initial)}")
-        self._data_flow: dict[str, list[str]] = flows["data_flow"]
-        self._feedback_flow: dict[str, list[str]] = flows["feedback_flow"]
-
-    def _graph_ports(self, section: str) -> list[tuple[str, str]]:
-        ports = []
-        for node, names in (self.pipeline.get(section) or {}).items():
-            for name in names or []:
-                ports.append((node, name))
-        return ports
+        self.models: dict[str, Any] = description["models"]
+        self.pipeline: dict[str, Any] = description["pipeline"]
+        self.system_info: dict[str, Any] = description["system information"]
 
     def _build(self) -> None:
         """Check the wiring and compile the routing into a C program."""
-        nodes = self.nodes
-        graph_inputs = self._graph_ports("inputs")
-        graph_outputs = self._graph_ports("outputs")
-        for node, name in graph_inputs:
-            if node not in nodes or name not in nodes[node].input_names:
-                reject(f"Pipeline input {quote(f'{node}/{name}')} does not match any node input. "
-                       f"Available nodes: {quote(list(nodes))}")
-        for node, name in graph_outputs:
-            if node not in nodes or name not in nodes[node].output_names:
-                reject(f"Pipeline output {quote(f'{node}/{name}')} does not match any node output. "
-                       f"Available nodes: {quote(list(nodes))}")
-
+        nodes, graph = self.nodes, self.graph
+        graph_outputs = graph.outputs
         # routing table: forward targets first, then feedback, then graph outputs
         routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
         feedback_edges: set[tuple[str, str, str, str]] = set()
-        for flow, is_feedback in ((self._data_flow, False), (self._feedback_flow, True)):
-            for source, targets in flow.items():
-                src = _split_key(source, "pipeline source")
-                for target in targets or []:
-                    dst = _split_key(target, "pipeline target")
-                    routes.setdefault(src, []).append(dst)
-                    if is_feedback:
-                        feedback_edges.add(src + dst)
+        for edge in graph.edges:
+            src, dst = (edge.src_node, edge.src_port), (edge.dst_node, edge.dst_port)
+            routes.setdefault(src, []).append(dst)
+            if edge.feedback:
+                feedback_edges.add(src + dst)
         for node, name in graph_outputs:
-            routes.setdefault((node, name), []).append((OUTPUT_KEY, f"{node}/{name}"))
+            routes.setdefault((node, name), []).append((OUTPUT_KEY, join_key(node, name)))
         self.organized_pipeline_connections: dict[str, dict[str, list[tuple[str, str]]]] = {}
         for (node, name), targets in routes.items():
             self.organized_pipeline_connections.setdefault(node, {})[name] = targets
 
-        self._validate_output_routing(routes)
-        self._validate_connections(routes)
-        order = self._run_order()
+        order = list(graph.run_order)
         self.run_order: list[str] = order
         position = {name: i for i, name in enumerate(order)}
 
@@ -584,7 +431,7 @@ class InferenceManager:
             slot_keys=slot_keys,
             shapes=shapes,
             dtypes=dtypes,
-            graph_inputs=[f"{n}/{p}" for n, p in graph_inputs],
+            graph_inputs=graph.input_keys(),
         )
         self._fill_zeros()
 
@@ -595,79 +442,9 @@ class InferenceManager:
         self.value_dict: dict[str, _SlotView] = {
             node: _SlotView(self._program, index, node) for node, index in views.items()}
 
-    def _validate_output_routing(self, routes: Mapping[tuple[str, str], Any]) -> None:
-        for name, node in self.nodes.items():
-            missing = [port for port in node.output_names if (name, port) not in routes]
-            if missing:
-                reject(
-                    f"Node {quote(name)} has unroutable outputs: {quote(missing)}. Every model "
-                    "output must appear in pipeline data_flow, feedback_flow, or pipeline outputs. "
-                    "This may indicate the YAML was edited manually and is inconsistent "
-                    "with the exported model.")
-
-    def _validate_connections(self, routes: Mapping[tuple[str, str], list[tuple[str, str]]]
-                              ) -> None:
-        nodes = self.nodes
-        for (src_node, src_port), targets in routes.items():
-            if src_node not in nodes:
-                reject(f"Source node {quote(src_node)} not found in models")
-            source = nodes[src_node]
-            if src_port not in source.output_names:
-                reject(f"Source output {quote(src_port)} not found in node {quote(src_node)}. "
-                       f"Available outputs: {quote(source.output_names)}")
-            i = source.output_names.index(src_port)
-            src_shape, src_dtype = source.output_shapes[i], source.output_dtypes[i]
-            for dst_node, dst_port in targets:
-                if dst_node == OUTPUT_KEY:
-                    continue
-                if dst_node not in nodes:
-                    reject(f"Target node {quote(dst_node)} not found in models")
-                target = nodes[dst_node]
-                if dst_port not in target.input_names:
-                    reject(f"Target input {quote(dst_port)} not found in node {quote(dst_node)}. "
-                           f"Available inputs: {quote(target.input_names)}")
-                j = target.input_names.index(dst_port)
-                dst_shape, dst_dtype = target.input_shapes[j], target.input_dtypes[j]
-                src_key, dst_key = clip(f"{src_node}/{src_port}"), clip(f"{dst_node}/{dst_port}")
-                if list(src_shape) != list(dst_shape):
-                    reject(f"Shape mismatch in pipeline connection: {src_key} "
-                           f"{tuple(src_shape)} -> {dst_key} {tuple(dst_shape)}")
-                if src_dtype != dst_dtype:
-                    reject(f"Dtype mismatch in pipeline connection: {src_key} {src_dtype} "
-                           f"-> {dst_key} {dst_dtype}")
-
-    def _run_order(self) -> list[str]:
-        """Producers before consumers along data_flow; ties keep YAML order."""
-        names = list(self.nodes)
-        rank = {name: i for i, name in enumerate(names)}
-        successors: dict[str, set[str]] = {name: set() for name in names}
-        pending = {name: 0 for name in names}
-        for source, targets in self._data_flow.items():
-            src = _split_key(source, "pipeline source")[0]
-            for target in targets or []:
-                dst = _split_key(target, "pipeline target")[0]
-                if dst != src and dst not in successors[src]:
-                    successors[src].add(dst)
-                    pending[dst] += 1
-        ready = [rank[name] for name in names if pending[name] == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            name = names[heapq.heappop(ready)]
-            order.append(name)
-            for nxt in successors[name]:
-                pending[nxt] -= 1
-                if pending[nxt] == 0:
-                    heapq.heappush(ready, rank[nxt])
-        if len(order) != len(names):
-            cycle = [name for name in names if pending[name] > 0]
-            reject(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
-                   "listed under feedback_flow")
-        return order
-
     def _load_initial_values(self) -> None:
         self._initial: list[tuple[int, torch.Tensor]] = []
-        filename = self.pipeline.get("initial_values")
+        filename = self.graph.initial_values
         if not filename:
             return
         path = bundle_file(self._yaml_dir, filename, "feedback initial values file",
@@ -690,7 +467,7 @@ class InferenceManager:
             fatal(f"Feedback initial values file {quote(path)} is not a valid safetensors "
                   f"file: {type(exc).__name__}: {clip(str(exc))}", BundleError)
         for key, tensor in tensors.items():
-            node, name = _split_key(key, "feedback initial value")
+            node, name = split_key(key, "feedback initial value")
             slot = self._slot_of.get((node, name))
             if slot is None or node == OUTPUT_KEY:
                 inputs = self.nodes[node].input_names if node in self.nodes else None
@@ -762,7 +539,7 @@ class InferenceManager:
     def get_mock_input(self) -> dict[str, torch.Tensor]:
         """Random tensors for every graph input, with its shape, dtype and device."""
         mock = {}
-        for node_name, name in self._graph_ports("inputs"):
+        for node_name, name in self.graph.inputs:
             node = self.nodes[node_name]
             i = node.input_names.index(name)
             shape, dtype, device = node.input_shapes[i], node.input_dtypes[i], node.device
@@ -779,17 +556,17 @@ class InferenceManager:
     @property
     def inputs(self) -> list[str]:
         """Graph input keys ``"node/input"``, in YAML order."""
-        return [f"{n}/{p}" for n, p in self._graph_ports("inputs")]
+        return self.graph.input_keys()
 
     @property
     def outputs(self) -> list[str]:
         """Graph output keys ``"node/output"``, in YAML order."""
-        return [f"{n}/{p}" for n, p in self._graph_ports("outputs")]
+        return self.graph.output_keys()
 
     @property
     def feedback_inputs(self) -> list[str]:
         """Every feedback target ``"node/input"`` of ``feedback_flow``."""
-        return [t for targets in self._feedback_flow.values() for t in targets or []]
+        return [edge.target for edge in self.graph.feedback_edges()]
 
     def __repr__(self) -> str:
         return (f"InferenceManager({self.model_path!r}, nodes={self.run_order}, "

@@ -18,6 +18,7 @@ from ._session import SessionConfig, _Current, check_session_thread, info
 from ._threads import intra_op_threads, validation_threads
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
+from .pipeline import Pipeline
 from .semantics import GraphConfigs
 from .validation import SavedModel, run_validation
 
@@ -222,24 +223,9 @@ def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str) -> dict
                   "warp_segments": 0}
     parameters.update(extra)
     return {
-        "inputs": [_flow_entry(p.describe()) for p in node.inputs],
-        "outputs": [_flow_entry(p.describe()) for p in node.outputs],
+        "inputs": [p.describe() for p in node.inputs],
+        "outputs": [p.describe() for p in node.outputs],
         "parameters": parameters,
-    }
-
-
-def _flow_entry(entry: dict) -> dict:
-    """shape (and element_names) as flow-style lists."""
-    out = dict(entry)
-    out["shape"] = tuple(out["shape"])
-    return out
-
-
-def _flow_pipeline(pipeline: dict) -> dict:
-    return {
-        key: {k: tuple(v) for k, v in value.items()} if key in (
-            "data_flow", "feedback_flow", "inputs", "outputs") else value
-        for key, value in pipeline.items()
     }
 
 
@@ -272,7 +258,7 @@ def _checkpoint(phase: str) -> None:
 
 def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_export: bool,
            visualize: bool, graph_configs: GraphConfigs | None,
-           progress: CompileProgress) -> tuple[dict, dict, dict, set]:
+           progress: CompileProgress) -> tuple[dict, dict, Pipeline, set]:
     """Write the whole new bundle into staging; (exported, models, pipeline, reused nodes)."""
     cache = _incremental.Cache(bundle, staging, _incremental.enabled())
     exported = {} if skip_export else _export_nodes(nodes, staging, cache, progress)
@@ -303,13 +289,13 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     logger.info("- Dangling outputs: %d", stats["dangling_outputs"])
     logger.info("- Internal connections: %d", stats["internal_connections"])
     logger.info("- Total edges: %d", stats["total_edges"])
-    document = [{"models": models}, {"pipeline": _flow_pipeline(pipeline)},
-                {"system information": system_information()}]
-    text = _core.emit_yaml(document)
+    model = Pipeline.from_document(
+        {"models": models, "pipeline": pipeline, "system information": system_information()},
+        check_wiring=False)
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
-        handle.write(text)
+        handle.write(model.to_yaml())
     if visualize:
-        _visualize(staging, bundle, cfg.graph_name, models, pipeline)
+        _visualize(staging, bundle, cfg.graph_name, model)
     written = os.listdir(staging)
     in_place: set[str] = set()
     for entry in models.values():
@@ -317,7 +303,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     _publish.carry_foreign(bundle, staging, cfg.graph_name, in_place)
     _publish.finish_modes(staging, bundle, written + ["log.txt"])
     progress.written()
-    return exported, models, pipeline, cache.reused
+    return exported, models, model, cache.reused
 
 
 def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
@@ -423,7 +409,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         if isinstance(model, SavedModel):
             model.yaml_dir = bundle  # the committed files
     LAST_COMPILE.clear()
-    LAST_COMPILE.update(models=models, pipeline=_flow_pipeline(pipeline),
+    LAST_COMPILE.update(models=models, pipeline=pipeline.to_documents()[1]["pipeline"],
                         entries=None if skip_export or validate else entries)
     if skip_export or not validate:
         return True
@@ -439,11 +425,11 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
 _LIVE_STAGING: set[str] = set()
 
 
-def _visualize(work_dir: str, bundle: str, graph: str, models: dict, pipeline: dict) -> None:
+def _visualize(work_dir: str, bundle: str, graph: str, model: Pipeline) -> None:
     path = os.path.join(work_dir, f"{graph}.png")
     try:
-        from .visualization import render_pipeline
-        render_pipeline(path, graph, models, pipeline)
+        from .visualization import draw
+        draw(model, path, graph)
         logger.info("Graph visualization saved as: %s", os.path.join(bundle, f"{graph}.png"))
     except Exception as exc:  # the bundle is still useful without its picture
         if _publish.disk_full(exc):

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .pipeline import DTYPES, Node, Pipeline, Port, join_key
+
 logger = logging.getLogger("leapp")
 
 #: Accepted values of ``serve_with``.
@@ -117,75 +119,47 @@ def model_name(text: str, taken: set[str]) -> str:
 
 @dataclass
 class _Port:
+    """A tensor of a fused model's interface (its metadata's name, dtype and shape)."""
+
     name: str
     dtype: str
-    shape: list[int]
+    shape: tuple[int, ...]
 
 
 def _types(dtype: Any, where: str) -> tuple[str, str]:
-    if dtype not in _DTYPES:
+    name = DTYPES.get(dtype[len("torch."):] if str(dtype).startswith("torch.") else dtype) \
+        if isinstance(dtype, str) else None
+    if name not in _DTYPES:
         raise TritonRepositoryError(
             f"{where}: dtype {dtype!r} has no Triton data type (supported: "
             f"{', '.join(_DTYPES)}); cast the tensor to one of them in the node")
-    return _DTYPES[dtype]
+    return _DTYPES[name]
 
 
-def _ports(entries: Any, node: str, side: str) -> list[_Port]:
-    ports = []
-    for entry in entries or []:
-        if not isinstance(entry, Mapping) or "name" not in entry:
-            raise TritonRepositoryError(f"node {node!r}: an entry of its {side} is not a port "
-                                        f"mapping: {entry!r}")
-        where = f"node {node!r}, {side[:-1]} {entry['name']!r}"
-        _types(entry.get("dtype"), where)
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise TritonRepositoryError(f"{where}: shape {shape!r} is not a list of sizes")
-        ports.append(_Port(str(entry["name"]), entry["dtype"], list(shape)))
+def _checked(ports: Sequence[Port], node: str, side: str) -> Sequence[Port]:
+    """The node's ports, each with a dtype Triton has."""
+    for port in ports:
+        _types(port.dtype, f"node {node!r}, {side[:-1]} {port.name!r}")
     return ports
-
-
-def _flows(pipeline: Mapping[str, Any], key: str) -> list[tuple[str, str]]:
-    return [(str(source), str(target))
-            for source, targets in (pipeline.get(key) or {}).items()
-            for target in targets or []]
-
-
-def _graph_ports(pipeline: Mapping[str, Any], key: str) -> list[tuple[str, str]]:
-    return [(str(node), str(port)) for node, ports in (pipeline.get(key) or {}).items()
-            for port in ports or []]
-
-
-def _run_order(models: Mapping[str, Any], edges: list[tuple[str, str]]) -> list[str]:
-    """Nodes so that every producer comes before its consumers (YAML order among equals)."""
-    after: dict[str, set[str]] = {n: set() for n in models}
-    for source, target in edges:
-        producer, consumer = source.split("/", 1)[0], target.split("/", 1)[0]
-        if producer != consumer and producer in after and consumer in after:
-            after[consumer].add(producer)
-    order: list[str] = []
-    while len(order) < len(after):
-        ready = [n for n in after if n not in order and after[n] <= set(order)]
-        if not ready:
-            raise TritonRepositoryError("data_flow has a cycle outside feedback_flow; "
-                                        "recompile the bundle")
-        order.append(ready[0])
-    return order
 
 
 # ---- config pieces -------------------------------------------------------------------------
 
-def _tensor(entry: Any, name: str, port: _Port) -> None:
-    entry.name = name
-    entry.data_type = getattr(_config_module(), _DTYPES[port.dtype][0])
+def _dims(port: Port | _Port) -> list[int]:
     # Triton needs at least one dimension: a 0-d tensor travels as [1], reshaped to []
-    entry.dims.extend(port.shape or [1])
+    return list(port.shape) or [1]
+
+
+def _tensor(entry: Any, name: str, port: Port | _Port) -> None:
+    entry.name = name
+    entry.data_type = getattr(_config_module(), _types(port.dtype, name)[0])
+    entry.dims.extend(_dims(port))
     if not port.shape:
         entry.reshape.SetInParent()
 
 
-def _model_config(name: str, backend: str, inputs: Sequence[tuple[str, _Port]],
-                  outputs: Sequence[tuple[str, _Port]]) -> Any:
+def _model_config(name: str, backend: str, inputs: Sequence[tuple[str, Port | _Port]],
+                  outputs: Sequence[tuple[str, Port | _Port]]) -> Any:
     mc = _config_module()
     config = mc.ModelConfig(name=name, backend=backend, max_batch_size=0)
     for tensor_name, port in inputs:
@@ -217,19 +191,18 @@ def _write_model(staging: str, name: str, config: Any, files: Mapping[str, str] 
 
 # ---- feed-forward: one model per node + an ensemble ----------------------------------------
 
-def _node_model(staging: str, yaml_dir: str, node: str, description: Mapping[str, Any],
-                name: str, serve_with: str) -> tuple[dict[str, str], dict[str, str]]:
+def _node_model(staging: str, yaml_dir: str, spec: Node, name: str,
+                serve_with: str) -> tuple[dict[str, str], dict[str, str]]:
     """Write one node's model; ``({port: model tensor name} for inputs, ... for outputs)``."""
     from ._safe_load import bundle_file
-    parameters = description.get("parameters") or {}
-    backend = parameters.get("backend")
+    node, backend = spec.name, spec.backend
     if backend not in ("onnx", "jit", "pt2"):
         raise TritonRepositoryError(
             f"node {node!r} has backend {backend!r}: Triton can serve nodes exported with "
             "onnx, jit or pt2; export it with one of them")
-    inputs = _ports(description.get("inputs"), node, "inputs")
-    outputs = _ports(description.get("outputs"), node, "outputs")
-    model_file = bundle_file(yaml_dir, parameters.get("model_path"), f"model file of node {node!r}")
+    inputs = _checked(spec.inputs, node, "inputs")
+    outputs = _checked(spec.outputs, node, "outputs")
+    model_file = bundle_file(yaml_dir, spec.model_path, f"model file of node {node!r}")
     if serve_with == "native" and backend in ("onnx", "jit"):
         if backend == "onnx":
             # onnxruntime matches the config's tensors to the model's by name (the port names)
@@ -253,20 +226,18 @@ def _node_model(staging: str, yaml_dir: str, node: str, description: Mapping[str
     config = _model_config(name, "python", [(p.name, p) for p in inputs],
                            [(p.name, p) for p in outputs])
     local = os.path.basename(model_file)
-    entry = dict(description)
-    entry["parameters"] = dict(parameters, model_path=local)
+    entry = spec.to_entry()
+    entry["parameters"]["model_path"] = local
     _write_model(staging, name, config, {local: model_file},
                  {"kind": "node", "name": name, "node": node, "description": entry})
     return in_names, out_names
 
 
-def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, Any],
-                  pipeline: Mapping[str, Any], serve_with: str,
+def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serve_with: str,
                   result: TritonRepository) -> None:
-    edges = _flows(pipeline, "data_flow")
-    graph_inputs = _graph_ports(pipeline, "inputs")
-    graph_outputs = _graph_ports(pipeline, "outputs")
-    input_keys = {f"{n}/{p}" for n, p in graph_inputs}
+    edges = [(edge.source, edge.target) for edge in model.forward_edges()]
+    graph_inputs, graph_outputs = model.inputs, model.outputs
+    input_keys = set(model.input_keys())
 
     def tensor_of(key: str) -> str:
         # an output named like a graph input of its node gets "__out", as in fused models
@@ -275,24 +246,12 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
     fed = {target: tensor_of(source) for source, target in edges}
     taken: set[str] = set()
     entry = model_name(graph, taken)
-    ports: dict[str, _Port] = {}
-    outputs_of: dict[str, _Port] = {}
-    for node, description in models.items():
-        for port in _ports((description or {}).get("inputs"), node, "inputs"):
-            ports[f"{node}/{port.name}"] = port
-        for port in _ports((description or {}).get("outputs"), node, "outputs"):
-            outputs_of[f"{node}/{port.name}"] = port
-    for key in [f"{n}/{p}" for n, p in graph_inputs if f"{n}/{p}" not in ports] + \
-            [f"{n}/{p}" for n, p in graph_outputs if f"{n}/{p}" not in outputs_of]:
-        raise TritonRepositoryError(f"graph port {key!r} of the pipeline section is not a port "
-                                    "of its node in the models section; recompile the bundle")
     consumed = {source for source, _ in edges} | {f"{n}/{p}" for n, p in graph_outputs}
     mc = _config_module()
     ensemble = mc.ModelConfig(name=entry, platform="ensemble", max_batch_size=0)
-    for node in _run_order(models, edges):
-        description = models[node] or {}
+    for node in model.run_order:
         name = model_name(f"{graph}.{node}", taken)
-        in_names, out_names = _node_model(staging, yaml_dir, node, description, name,
+        in_names, out_names = _node_model(staging, yaml_dir, model.nodes[node], name,
                                           serve_with)
         result.models.append(name)
         step = ensemble.ensemble_scheduling.step.add()
@@ -308,15 +267,14 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, models: Mapping[str, 
         for port, tensor in out_names.items():
             if f"{node}/{port}" in consumed:
                 step.output_map[tensor] = tensor_of(f"{node}/{port}")
-    for node, port in graph_inputs:
-        key = f"{node}/{port}"
-        _tensor(ensemble.input.add(), key, ports[key])
-        result.inputs[key] = (_DTYPES[ports[key].dtype][1], ports[key].shape or [1])
-    for node, port in graph_outputs:
-        key = f"{node}/{port}"
-        _tensor(ensemble.output.add(), tensor_of(key), outputs_of[key])
-        result.outputs[tensor_of(key)] = (_DTYPES[outputs_of[key].dtype][1],
-                                          outputs_of[key].shape or [1])
+    for node, name in graph_inputs:
+        key, port = join_key(node, name), model.nodes[node].input(name)
+        _tensor(ensemble.input.add(), key, port)
+        result.inputs[key] = (_types(port.dtype, key)[1], _dims(port))
+    for node, name in graph_outputs:
+        key, port = join_key(node, name), model.nodes[node].output(name)
+        _tensor(ensemble.output.add(), tensor_of(key), port)
+        result.outputs[tensor_of(key)] = (_types(port.dtype, key)[1], _dims(port))
     _write_model(staging, entry, ensemble)
     result.models.append(entry)
     result.entry = entry
@@ -363,9 +321,9 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
             f"fused model {fused_model} is of pipeline {metadata.get('pipeline')!r}, not "
             f"{graph!r}; give the bundle's own fused model (leapp.fuse({yaml_path!r}))")
     suffix = ".onnx" if fused_model.endswith(".onnx") else ".pt"
-    data_in = [(p["name"], _Port(p["name"], p["dtype"], list(p["shape"])))
+    data_in = [(p["name"], _Port(p["name"], p["dtype"], tuple(p["shape"])))
                for p in metadata["inputs"]]
-    data_out = [(p["name"], _Port(p["name"], p["dtype"], list(p["shape"])))
+    data_out = [(p["name"], _Port(p["name"], p["dtype"], tuple(p["shape"])))
                 for p in metadata["outputs"]]
     for tensor, port in data_in + data_out:
         _types(port.dtype, f"fused model {tensor!r}")
@@ -376,7 +334,7 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
     # oldest: one instance interleaves up to max_sequences robots without a batch dimension
     batching.oldest.max_candidate_sequences = max_sequences
     for i, entry in enumerate(metadata["state"]):
-        port = _Port(entry["input"], entry["dtype"], list(entry["shape"]))
+        port = _Port(entry["input"], entry["dtype"], tuple(entry["shape"]))
         _types(port.dtype, f"fused model state {port.name!r}")
         if native:
             # the bundle's initial value, raw little-endian bytes, for Triton's implicit state
@@ -386,11 +344,11 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
                 handle.write(base64.b64decode(entry["initial"]["data"]))
             state = batching.state.add()
             state.input_name, state.output_name = entry["input"], entry["output"]
-            state.data_type = getattr(mc, _DTYPES[port.dtype][0])
-            state.dims.extend(port.shape or [1])
+            state.data_type = getattr(mc, _types(port.dtype, port.name)[0])
+            state.dims.extend(_dims(port))
             initial = state.initial_state.add()
             initial.data_type = state.data_type
-            initial.dims.extend(port.shape or [1])
+            initial.dims.extend(_dims(port))
             initial.name = f"initial_{i}"
             initial.data_file = file_name
     if native:
@@ -416,8 +374,8 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
     result.models.append(name)
     result.entry = name
     result.sequence = True
-    result.inputs.update({t: (_DTYPES[p.dtype][1], p.shape or [1]) for t, p in data_in})
-    result.outputs.update({t: (_DTYPES[p.dtype][1], p.shape or [1]) for t, p in data_out})
+    result.inputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_in})
+    result.outputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_out})
 
 
 # ---- the public entry point ----------------------------------------------------------------
@@ -459,27 +417,29 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
     repo_dir = os.path.abspath(os.fspath(repo_dir))
     try:
         bundle = read_bundle(yaml_path)
+        model = Pipeline.from_document(bundle)
     except BundleError as exc:
         raise TritonRepositoryError(str(exc)) from exc
+    except ValueError as exc:  # the bundle's wiring does not hold
+        raise TritonRepositoryError(f"{yaml_path}: {exc}") from exc
     if os.path.isdir(repo_dir) and os.listdir(repo_dir):
         raise FileExistsError(f"{repo_dir} is not empty; give a new or empty directory for the "
                               "Triton repository")
     graph = os.path.splitext(os.path.basename(yaml_path))[0]
-    models, pipeline = bundle["models"] or {}, bundle["pipeline"] or {}
     parent = os.path.dirname(repo_dir)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".leapp-triton-", dir=parent)
     result = TritonRepository(path=repo_dir, entry="", sequence=False)
     try:
-        if _flows(pipeline, "feedback_flow"):
+        if any(model.feedback_edges()):
             _sequence(staging, yaml_path, graph, fused_model, bundle.get("fused"), serve_with,
                       max_sequences, sequence_idle_seconds, result)
             for leftover in os.listdir(staging):
                 if leftover.startswith("."):
                     os.unlink(os.path.join(staging, leftover))
         else:
-            _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, models,
-                          pipeline, serve_with, result)
+            _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, model,
+                          serve_with, result)
         os.chmod(staging, 0o777 & ~_umask())
         if os.path.isdir(repo_dir):
             os.rmdir(repo_dir)

@@ -1352,3 +1352,9 @@ def render_pipeline(
                  graph_name, len(view.nodes), scene.crossings, image.width, image.height,
                  time.perf_counter() - started)
     return png_path
+
+
+def draw(model: Any, png_path: str, graph_name: str) -> str:
+    """Draw a :class:`leapp.pipeline.Pipeline` to `png_path`."""
+    documents = model.to_documents()
+    return render_pipeline(png_path, graph_name, documents[0]["models"], documents[1]["pipeline"])
