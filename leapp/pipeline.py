@@ -136,6 +136,13 @@ def _thawed(value: Any) -> Any:
     return value
 
 
+def _flow(value: Any) -> Any:
+    """Lists as tuples, nested ones too: YAML writes them on one line."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_flow(v) for v in value)
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Port:
     """One input or output of a node: its YAML entry, with name, dtype and shape checked."""
@@ -161,9 +168,11 @@ class Port:
         return _thawed(self.entry)
 
     def to_entry(self) -> dict[str, Any]:
-        """The YAML entry to write (shape as a flow-style list)."""
+        """The YAML entry to write (shape and element names as flow-style lists)."""
         out = _thawed(self.entry)
         out["shape"] = tuple(self.shape)
+        if "element_names" in out:
+            out["element_names"] = _flow(out["element_names"])
         return out
 
 
