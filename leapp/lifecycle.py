@@ -289,9 +289,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     logger.info("- Dangling outputs: %d", stats["dangling_outputs"])
     logger.info("- Internal connections: %d", stats["internal_connections"])
     logger.info("- Total edges: %d", stats["total_edges"])
-    model = Pipeline.from_document(
-        {"models": models, "pipeline": pipeline, "system information": system_information()},
-        check_wiring=False)
+    model = Pipeline.from_compile(models, pipeline, system_information())
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
         handle.write(model.to_yaml())
     if visualize:
@@ -409,7 +407,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         if isinstance(model, SavedModel):
             model.yaml_dir = bundle  # the committed files
     LAST_COMPILE.clear()
-    LAST_COMPILE.update(models=models, pipeline=pipeline.to_documents()[1]["pipeline"],
+    LAST_COMPILE.update(models=models, pipeline=pipeline.pipeline_section(),
                         entries=None if skip_export or validate else entries)
     if skip_export or not validate:
         return True

@@ -18,7 +18,7 @@ reader needs, which cost nothing on the tracing hot path.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
@@ -105,9 +105,12 @@ def _mapping(value: Any, where: str, allow_none: bool = False) -> dict:
 def _name_list(value: Any, where: str) -> list[str]:
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+    if type(value) not in (list, tuple) or not all(type(v) is str and v for v in value):
         reject(f"{where} must be a list of names, got {quote(value)}")
     return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 class _List(tuple):
@@ -116,23 +119,26 @@ class _List(tuple):
 
 def _frozen(value: Any) -> Any:
     """A read-only deep copy of YAML data (mappings, lists and tuples)."""
-    if isinstance(value, dict):
-        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return _List(_frozen(v) for v in value)
-    if isinstance(value, tuple):
-        return tuple(_frozen(v) for v in value)
+    kind = type(value)
+    if kind is dict:
+        return MappingProxyType({k: v if type(v) in _SCALARS else _frozen(v)
+                                 for k, v in value.items()})
+    if kind is list:
+        return _List([_frozen(v) for v in value])
+    if kind is tuple:
+        return tuple([_frozen(v) for v in value])
     return value
 
 
 def _thawed(value: Any) -> Any:
     """The plain dicts, lists and tuples ``_frozen`` was given."""
-    if isinstance(value, Mapping):
-        return {k: _thawed(v) for k, v in value.items()}
-    if isinstance(value, _List):
+    kind = type(value)
+    if kind is MappingProxyType or kind is dict:
+        return {k: v if type(v) in _SCALARS else _thawed(v) for k, v in value.items()}
+    if kind is _List:
         return [_thawed(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_thawed(v) for v in value)
+    if kind is tuple:
+        return tuple([_thawed(v) for v in value])
     return value
 
 
@@ -211,13 +217,16 @@ class Node:
     def from_entry(cls, name: Any, description: Any) -> "Node":
         """Check one entry of the YAML's ``models`` mapping."""
         check_name(name, "node name")
-        if not isinstance(description, Mapping) or not all(
-                k in description for k in ("inputs", "outputs", "parameters")):
-            keys = list(description.keys()) if isinstance(description, Mapping) else description
+        is_mapping = type(description) is dict or isinstance(description, Mapping)
+        if not is_mapping or not all(k in description for k in ("inputs", "outputs", "parameters")):
+            keys = list(description.keys()) if is_mapping else description
             reject("Model description must contain inputs, outputs, and parameters, got "
                    f"{quote(keys)}")
-        params = _mapping(description["parameters"], f"'parameters' of node {quote(name)}",
-                          allow_none=True)
+        params = description["parameters"]
+        if params is None:
+            params = {}
+        elif type(params) is not dict:
+            _mapping(params, f"'parameters' of node {quote(name)}")
         if not all(k in params for k in _PARAMETERS):
             reject("Model description must contain model_path, md5sum, sha256sum, and "
                    f"backend, got {quote(list(params.keys()))}")
@@ -238,17 +247,20 @@ def _ports(value: Any, node: str, side: str) -> tuple[Port, ...]:
     seen: set[str] = set()
     ports = []
     for entry in value:
-        if not isinstance(entry, dict) or not all(k in entry for k in ("name", "dtype", "shape")):
+        if type(entry) is not dict or "name" not in entry or "dtype" not in entry \
+                or "shape" not in entry:
             reject(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
                    f"dtype and shape, got {quote(entry)}")
-        name = check_name(entry["name"], f"{side[:-1]} name of node {quote(node)}")
+        name = entry["name"]
+        if type(name) is not str or not name or "/" in name or name == OUTPUT_KEY:
+            check_name(name, f"{side[:-1]} name of node {quote(node)}")
         if name in seen:
             reject(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
         seen.add(name)
         where = f"{node}/{name}"
         shape = parse_shape(entry["shape"], where)
         dtype = entry["dtype"]
-        if not isinstance(dtype, str) or not dtype:
+        if type(dtype) is not str or not dtype:
             dtype_name(dtype, where)  # raises: a dtype is a name
         # an unknown name is the reader's call (InferenceManager refuses it, Triton
         # names its own table): the model keeps what the YAML says
@@ -292,6 +304,12 @@ class Pipeline:
     consumers along the forward edges (ties keep YAML order); ``sections``
     holds the ``pipeline`` document's other keys (``configs``, ...) and
     ``extra`` any top-level document after the three of every bundle.
+
+    A pipeline built by ``compile_graph`` (:meth:`from_compile`) keeps the
+    documents it was given and writes them as they are; its typed fields are
+    read from them the first time one is asked for.  Building the typed model
+    of a 200-node pipeline costs more than writing its YAML, and most compiles
+    never ask for it (only the picture does).
     """
 
     nodes: Mapping[str, Node]
@@ -303,6 +321,38 @@ class Pipeline:
     sections: Mapping[str, Any]
     system_information: Mapping[str, Any]
     extra: Mapping[str, Any]
+    _documents: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a slot never set: the typed fields of a compiled pipeline.
+        documents = object.__getattribute__(self, "_documents")
+        if documents is None or name not in _TYPED_FIELDS:
+            raise AttributeError(name)
+        merged = {key: value for document in documents for key, value in document.items()}
+        typed = Pipeline.from_document(merged, check_wiring=False)
+        for field_name in _TYPED_FIELDS:
+            object.__setattr__(self, field_name, getattr(typed, field_name))
+        return object.__getattribute__(self, name)
+
+    @classmethod
+    def from_compile(cls, models: dict[str, Any], section: dict[str, Any],
+                     system_information: dict[str, Any]) -> "Pipeline":
+        """The pipeline ``compile_graph`` traced, from the documents it built (their owner now).
+
+        Ports and edges were checked as they were traced; shapes and flows
+        become flow-style lists here, as YAML writes them.
+        """
+        for entry in models.values():
+            for port in entry["inputs"] + entry["outputs"]:
+                port["shape"] = tuple(port["shape"])
+        for key in _FLOWS:
+            if key in section:
+                section[key] = {k: tuple(v) for k, v in section[key].items()}
+        model = object.__new__(cls)
+        object.__setattr__(model, "_documents", [
+            {"models": models}, {"pipeline": section},
+            {"system information": system_information}])
+        return model
 
     # ---- reading ----------------------------------------------------------
 
@@ -382,6 +432,16 @@ class Pipeline:
 
     def to_documents(self) -> list[dict[str, Any]]:
         """The YAML's documents, as ``_core.emit_yaml`` writes them."""
+        documents = [{"models": {name: node.to_entry() for name, node in self.nodes.items()}},
+                     {"pipeline": self.pipeline_section()},
+                     {"system information": _thawed(self.system_information)}]
+        documents += [{key: _thawed(value)} for key, value in self.extra.items()]
+        return documents
+
+    def pipeline_section(self) -> dict[str, Any]:
+        """The ``pipeline`` document (flows and graph ports as flow-style lists)."""
+        if self._documents is not None:
+            return {k: _thawed(_frozen(v)) for k, v in self._documents[1]["pipeline"].items()}
         section: dict[str, Any] = {}
         if "configs" in self.sections:
             section["configs"] = _thawed(self.sections["configs"])
@@ -399,16 +459,18 @@ class Pipeline:
                 grouped.setdefault(node, []).append(port)
             section[key] = {k: tuple(v) for k, v in grouped.items()}
         section.update({k: _thawed(v) for k, v in self.sections.items() if k != "configs"})
-        documents = [{"models": {name: node.to_entry() for name, node in self.nodes.items()}},
-                     {"pipeline": section},
-                     {"system information": _thawed(self.system_information)}]
-        documents += [{key: _thawed(value)} for key, value in self.extra.items()]
-        return documents
+        return section
 
     def to_yaml(self) -> str:
         """The bundle YAML's text."""
         from . import _core
+        if self._documents is not None:
+            return _core.emit_yaml(self._documents)
         return _core.emit_yaml(self.to_documents())
+
+
+_TYPED_FIELDS = ("nodes", "edges", "inputs", "outputs", "run_order", "initial_values",
+                 "sections", "system_information", "extra")
 
 
 def _check_wiring(nodes: Mapping[str, Node], edges: tuple[Edge, ...],

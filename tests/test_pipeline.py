@@ -126,3 +126,15 @@ def test_no_other_module_reads_the_flow_sections():
             if isinstance(node, ast.Constant) and node.value in ("data_flow", "feedback_flow"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+def test_a_compiled_pipeline_writes_its_documents_and_reads_them_typed_on_demand():
+    doc = document(pipeline={"data_flow": {"a/y": ["b/x"]}, "feedback_flow": {"b/y": ["a/x"]},
+                             "inputs": {"c": ["x"]}, "outputs": {"b": ["y"], "c": ["y"]}})
+    expected = Pipeline.from_document(doc).to_yaml()
+    compiled = Pipeline.from_compile(doc["models"], doc["pipeline"], {})
+    assert compiled.to_yaml() == expected
+    assert [e.kind for e in compiled.edges] == [FORWARD, FEEDBACK]
+    assert compiled.run_order == ("a", "b", "c")
+    assert compiled.nodes["a"].inputs[0].shape == (1, 2)
+    assert compiled.to_yaml() == expected
