@@ -84,35 +84,16 @@ add_message(PyObject *messages, const char *level, PyObject *text)
     return rc;
 }
 
-/* Port items of a node's port list, checked: the lists are open to Python. */
-static PortObject *
-port_at(leapp_state *st, PyObject *ports, Py_ssize_t i)
-{
-    PyObject *item = PyList_GET_ITEM(ports, i); /* borrowed */
-    if (!PyObject_TypeCheck(item, st->port_type)) {
-        PyErr_Format(PyExc_TypeError, "a node's port list holds a %s, not a Port",
-                     Py_TYPE(item)->tp_name);
-        return NULL;
-    }
-    return (PortObject *)item;
-}
-
-/* The producer's output port named src_port (borrowed), or NULL: with an
- * exception set on error, without one when there is no such port. */
+/* The producer's output port named src_port (borrowed), or NULL when it has
+ * none.  Comparing two str runs no Python code and cannot fail. */
 static PortObject *
 find_output(leapp_state *st, NodeObject *src, PyObject *src_port)
 {
     Py_ssize_t i;
-    for (i = 0; i < PyList_GET_SIZE(src->outputs); i++) {
-        PortObject *p = port_at(st, src->outputs, i);
-        if (p == NULL) {
-            return NULL;
-        }
+    for (i = 0; i < PyTuple_GET_SIZE(src->outputs); i++) {
+        PortObject *p = node_port_at(st, src->outputs, i);
         if (PyUnicode_Compare(p->name, src_port) == 0) {
             return p;
-        }
-        if (PyErr_Occurred()) {
-            return NULL;
         }
     }
     return NULL;
@@ -152,9 +133,8 @@ output_names(leapp_state *st, NodeObject *src)
 {
     PyObject *names = PyList_New(0);
     Py_ssize_t j;
-    for (j = 0; names != NULL && j < PyList_GET_SIZE(src->outputs); j++) {
-        PortObject *p = port_at(st, src->outputs, j); /* borrowed */
-        if (p == NULL || PyList_Append(names, p->name) < 0) {
+    for (j = 0; names != NULL && j < PyTuple_GET_SIZE(src->outputs); j++) {
+        if (PyList_Append(names, node_port_at(st, src->outputs, j)->name) < 0) {
             Py_CLEAR(names);
         }
     }
@@ -185,7 +165,7 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph
     }
     out = find_output(st, src, in->src_port);
     if (out == NULL) {
-        names = PyErr_Occurred() ? NULL : output_names(st, src);
+        names = output_names(st, src);
         if (names != NULL) {
             rc = add_message(messages, "error",
                              PyUnicode_FromFormat("Error: input %U/%U expects output '%U' from "
@@ -245,15 +225,15 @@ wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_
     Py_ssize_t i;
     int rc = 0;
     PyObject *seen = PyDict_New(); /* src key -> first input name */
+    /* held: the comparisons in wire_input may run Python code that gives the
+     * node a new input tuple */
+    PyObject *inputs = Py_NewRef(node->inputs);
     if (seen == NULL) {
+        Py_DECREF(inputs);
         return -1;
     }
-    for (i = 0; rc == 0 && i < PyList_GET_SIZE(node->inputs); i++) {
-        PortObject *in = port_at(st, node->inputs, i); /* borrowed, then held */
-        if (in == NULL) {
-            rc = -1;
-            break;
-        }
+    for (i = 0; rc == 0 && i < PyTuple_GET_SIZE(inputs); i++) {
+        PortObject *in = node_port_at(st, inputs, i); /* borrowed, then held */
         if (in->src_node == Py_None || in->src_port == Py_None) {
             continue;
         }
@@ -262,6 +242,7 @@ wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_
                         messages);
         Py_DECREF(in);
     }
+    Py_DECREF(inputs);
     Py_DECREF(seen);
     return rc;
 }
@@ -278,9 +259,9 @@ dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *linked, Py_ssi
     for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
         NodeObject *node = (NodeObject *)PyList_GET_ITEM(nodes, i); /* borrowed */
         PyObject *ports = outputs ? node->outputs : node->inputs;
-        for (j = 0; j < PyList_GET_SIZE(ports); j++) {
-            PortObject *p = port_at(st, ports, j); /* borrowed */
-            PyObject *key = p ? joined(node->name, p->name) : NULL;
+        for (j = 0; j < PyTuple_GET_SIZE(ports); j++) {
+            PortObject *p = node_port_at(st, ports, j); /* borrowed */
+            PyObject *key = joined(node->name, p->name);
             int found = key ? PySet_Contains(linked, key) : -1;
             Py_XDECREF(key);
             if (found < 0) {

@@ -83,8 +83,11 @@ typedef struct {
     unsigned long owner;      /* ident of the thread that turned tracing on */
     PyObject *promoted;       /* list of weakrefs to the tensors given a carrier */
     Py_ssize_t promoted_limit; /* size at which dead weakrefs are dropped from it */
-    PyObject *nodes;          /* dict: name -> Node, creation order */
-    Py_ssize_t next_index;    /* completion order of the next finished node */
+    PyObject *nodes;          /* dict: name -> Node, creation order; only module.c
+                               * writes it (register_node, reset_nodes), Python
+                               * reads it through a mappingproxy */
+    Py_ssize_t next_index;    /* completion order of the next finished node,
+                               * handed out by Node.finish() */
 } leapp_state;
 
 static inline leapp_state *
@@ -119,12 +122,18 @@ PyObject *leapp_refuse_thread(leapp_state *st, PyObject *what);
 
 enum { NODE_OPEN = 0, NODE_DONE = 1 };
 
+/* A Node's port lists are tuples only node.c builds: Python reads them and
+ * changes them through the Node methods (add_input, add_outputs,
+ * remove_input, trim_inputs, rename_input, rename_output), which keep the
+ * invariants below; a change replaces the tuple, so a reader holding the
+ * old one never sees it change. */
 typedef struct {
     PyObject_HEAD
     PyObject *name;        /* str */
-    PyObject *inputs;      /* list[Port], declaration order */
-    PyObject *outputs;     /* list[Port], declaration order */
-    PyObject *trimmed;     /* list[Port] pruned from inputs */
+    PyObject *inputs;      /* tuple[Port], declaration order; names unique among
+                            * inputs and trimmed */
+    PyObject *outputs;     /* tuple[Port], declaration order; names unique */
+    PyObject *trimmed;     /* tuple[Port] pruned from inputs */
     PyObject *ops;         /* list of (func, args, kwargs, out) records */
     PyObject *consts;      /* list[Tensor]: tensors from outside the node */
     PyObject *const_ids;   /* dict: id(tensor) -> index into consts */
@@ -183,6 +192,16 @@ PyObject *ref_new(leapp_state *st, int kind, Py_ssize_t index);
 /* Index of tensor t in node's constant table, adding it if new; -1 on error. */
 Py_ssize_t node_const_index(NodeObject *node, PyObject *t);
 PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
+/* The port of ports (a Node's port tuple) at i, borrowed: only Ports are
+ * ever put there. */
+static inline PortObject *
+node_port_at(leapp_state *st, PyObject *ports, Py_ssize_t i)
+{
+    PyObject *item = PyTuple_GET_ITEM(ports, i);
+    (void)st;
+    assert(Py_IS_TYPE(item, st->port_type));
+    return (PortObject *)item;
+}
 
 /* ---- trace.c --------------------------------------------------------- */
 int trace_init(PyObject *module, leapp_state *st);

@@ -159,27 +159,57 @@ module_reset_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
     /* Close nodes a failed session left open: tensors still carrying them
      * must not record into a forgotten node. */
     while (st->nodes != NULL && PyDict_Next(st->nodes, &pos, &key, &value)) {
-        if (PyObject_TypeCheck(value, st->node_type)) {
-            ((NodeObject *)value)->state = NODE_DONE;
-        }
+        assert(Py_IS_TYPE(value, st->node_type)); /* register_node checks */
+        ((NodeObject *)value)->state = NODE_DONE;
     }
     Py_XSETREF(st->nodes, fresh);
     st->next_index = 0;
     Py_RETURN_NONE;
 }
 
+/* register_node(node): add a new node to the session; its name must be new. */
+static PyObject *
+module_register_node(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *node, *result = NULL;
+    int taken;
+    if (!PyArg_ParseTuple(args, "O!:register_node", st->node_type, &node)) {
+        goto done;
+    }
+    taken = PyDict_Contains(st->nodes, ((NodeObject *)node)->name);
+    if (taken < 0) {
+        goto done;
+    }
+    if (taken) {
+        PyErr_Format(PyExc_ValueError, "register_node(): the session already has a node named "
+                     "'%U'", ((NodeObject *)node)->name);
+        goto done;
+    }
+    if (PyDict_SetItem(st->nodes, ((NodeObject *)node)->name, node) < 0) {
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    return result;
+}
+
+/* find_node(name): the session's node of that name, or None. */
+static PyObject *
+module_find_node(PyObject *module, PyObject *name)
+{
+    PyObject *node = PyDict_GetItemWithError(leapp_get_state(module)->nodes, name); /* borrowed */
+    if (node == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    return Py_NewRef(node);
+}
+
+/* nodes(): a read-only view of the session's nodes, in creation order. */
 static PyObject *
 module_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return Py_NewRef(leapp_get_state(module)->nodes);
-}
-
-/* next_index(): hand out the completion order of a node that finishes. */
-static PyObject *
-module_next_index(PyObject *module, PyObject *Py_UNUSED(ignored))
-{
-    leapp_state *st = leapp_get_state(module);
-    return PyLong_FromSsize_t(st->next_index++);
+    return PyDictProxy_New(leapp_get_state(module)->nodes);
 }
 
 static PyMethodDef module_methods[] = {
@@ -192,8 +222,11 @@ static PyMethodDef module_methods[] = {
     {"release_traced", module_release_traced, METH_NOARGS,
      "Make every tensor traced since the last call a plain tensor again."},
     {"reset_nodes", module_reset_nodes, METH_NOARGS, "Forget every node."},
-    {"nodes", module_nodes, METH_NOARGS, "The dict of nodes, in creation order."},
-    {"next_index", module_next_index, METH_NOARGS, "Next completion index."},
+    {"register_node", module_register_node, METH_VARARGS,
+     "Add a node to the session; its name must be new."},
+    {"find_node", module_find_node, METH_O, "The session's node of that name, or None."},
+    {"nodes", module_nodes, METH_NOARGS,
+     "A read-only view of the session's nodes (name -> Node), in creation order."},
     {NULL, NULL, 0, NULL},
 };
 

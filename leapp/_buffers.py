@@ -71,7 +71,7 @@ class BufferTracker:
                 api.update_state(node.name, {entry.name: current})
                 continue
             port = node_info.states.pop(entry.name)
-            node.inputs.remove(port)
+            node.remove_input(port)
             # The value the node read: an in-place write (copy_) may have
             # changed the buffer since it was declared.
             node.bind_const(port.value, port.vid)

@@ -58,10 +58,6 @@ def config() -> SessionConfig | None:
     return _Current.config
 
 
-def _nodes() -> dict:
-    return _core.nodes()
-
-
 def _is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
@@ -140,12 +136,12 @@ class SessionAPI:
             raise TypeError(f"node_name must be a non-empty str, got {name!r}")
         node = _core.Node(name)
         node.info["leapp"] = NodeInfo()
-        _nodes()[name] = node
+        _core.register_node(node)
         logger.info("Node context initialized: %s", name)
         return node
 
     def _existing(self, api: str, name: str) -> Any:
-        node = _nodes().get(name)
+        node = _core.find_node(name)
         if node is None:
             fatal(f"{api}() called for node '{name}' but node not found. Call "
                   f"annotate.input_tensors('{name}', ...) first to open the node.")
@@ -158,7 +154,7 @@ class SessionAPI:
         values, fields = normalize("input_tensors", node_name, tensors)
         if not _core.is_tracing():
             return rebuild(values, {})
-        node = _nodes().get(node_name) or self._new_node(node_name)
+        node = _core.find_node(node_name) or self._new_node(node_name)
         self._check_origin(node, _origin if _origin is not None else _call_site())
         return self._declare(node, values, fields, state=False)
 
@@ -244,7 +240,7 @@ class SessionAPI:
         port = _core.Port(leaf.name, dtype, shape, vid, clone_plain(value), leaf.semantics)
         port.src_node, port.src_port = src_node, src_port
         port.is_state = 1 if state else 0
-        node.inputs.append(port)
+        node.add_input(port)
         traced = value if type(value) is torch.Tensor else alias(value)
         _core.set_carrier(traced, node, vid, None, True)
         if traced is not value and carrier is not None:
@@ -260,7 +256,7 @@ class SessionAPI:
         if not tag or not isinstance(tag, tuple) or len(tag) != 3:
             return
         src_node, src_port, op = tag
-        if src_node not in _nodes():
+        if _core.find_node(src_node) is None:
             return  # a tag left from an earlier session
         message = (f"Input '{name}' of node '{node.name}' was computed outside every node by "
                    f"'{op}' from output '{src_port}' of node '{src_node}': it becomes a new "
@@ -367,7 +363,7 @@ class SessionAPI:
             if static_outputs is not None else ({}, {})
         if not _core.is_tracing():
             return rebuild(values, {})
-        node = _nodes().get(node_name)
+        node = _core.find_node(node_name)
         if node is None:
             fatal(f"output_tensors() called for node '{node_name}' but input_tensors() was "
                   f"never called for it. Call annotate.input_tensors('{node_name}', ...) first.")
@@ -455,7 +451,7 @@ class SessionAPI:
             logger.warning("Static output '%s' of node '%s' has the name of an updated state: "
                            "the state port carries the static value.", leaf.name, node.name)
             previous.vid, previous.value = vid, clone_plain(leaf.value)
-        node.outputs.extend(outputs.values())
+        node.add_outputs(list(outputs.values()))
         self._prune(node)
         for tracker in node_info.trackers:
             tracker.restore()
@@ -475,7 +471,7 @@ class SessionAPI:
             if carrier is not None and carrier.port is None:
                 carrier.port = name
             _core.remember(value)
-        node.finish(_core.next_index())
+        node.finish()
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
         dtype, shape = _describe(leaf.value)
@@ -531,12 +527,9 @@ class SessionAPI:
     def _prune(self, node: _core.Node) -> None:
         live_ops, live = node.prune([p.vid for p in node.outputs])
         info(node).live_ops = live_ops
-        kept, trimmed = [], []
-        for port in node.inputs:
-            (kept if live[port.vid] else trimmed).append(port)
+        trimmed = [port for port in node.inputs if not live[port.vid]]
         if trimmed:
-            node.inputs[:] = kept
-            node.trimmed_inputs.extend(trimmed)
+            node.trim_inputs([port.name for port in trimmed])
             logger.warning(
                 "Warning: when building the graph module for %s, detected the following inputs "
                 "are not used in the computation or directly returned as output: %s \nFor "
@@ -705,9 +698,8 @@ class SessionAPI:
         bound = signature.bind(*args, **kwargs)
         params = list(signature.parameters.values())
         skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
-        if node_name not in _nodes():  # defaults may be registered before any input
-            self._new_node(node_name)
-        node = _nodes()[node_name]
+        # defaults may be registered before any input
+        node = _core.find_node(node_name) or self._new_node(node_name)
         first_pass = bool(node.is_tracing)
         if first_pass and (options.get("environment_constants") or options.get("register_buffers")):
             owner = bound.args[0] if skip_first else _bound_self(fn)

@@ -143,16 +143,6 @@ def system_information() -> dict:
     return dict(sorted(info_.items()))
 
 
-def _rename_port(nodes: list, node: Any, port: Any, new: str) -> None:
-    """Rename an output port and every input that names it as its source."""
-    old = port.name
-    port.name = new
-    for other in nodes:
-        for inp in other.inputs:
-            if inp.src_node is node and inp.src_port == old:
-                inp.src_port = new
-
-
 def _backend_label(export_with: str | None, result: Any) -> str:
     """The backend a progress line names: canonical, or what a bring-your-own file is."""
     from .backends import CANONICAL
@@ -191,15 +181,12 @@ def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
                     cache.remember(node, key, result, notes)
         except Exception as exc:
             fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
-        for port, name in zip(list(node.inputs), result.input_names):
-            port.name = name
+        for port, name in zip(node.inputs, result.input_names):
+            node.rename_input(port.name, name)
         if result.dropped_inputs:
-            kept = [p for p in node.inputs if p.name not in result.dropped_inputs]
-            node.trimmed_inputs.extend(p for p in node.inputs if p.name in result.dropped_inputs)
-            node.inputs[:] = kept
-        for port, name in zip(list(node.outputs), result.output_names):
-            if port.name != name:
-                _rename_port(nodes, node, port, name)
+            node.trim_inputs([p.name for p in node.inputs if p.name in result.dropped_inputs])
+        for port, name in zip(node.outputs, result.output_names):
+            node.rename_output(port.name, name)  # and the source of every input it feeds
         result.seconds = time.perf_counter() - started
         exported[node.name] = result
         progress.exported(node.name, _backend_label(node_info.export_with, result),

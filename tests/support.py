@@ -26,9 +26,9 @@ def finished_node(core, name, inputs=(), outputs=(), index=0):
     """A finished core Node with float32 (1, 2) ports of the names given (no torch)."""
     node = core.Node(name)
     for port_name in inputs:
-        node.inputs.append(core.Port(port_name, "float32", (1, 2), node.new_value()))
-    for port_name in outputs:
-        node.outputs.append(core.Port(port_name, "float32", (1, 2), node.new_value()))
+        node.add_input(core.Port(port_name, "float32", (1, 2), node.new_value()))
+    node.add_outputs([core.Port(port_name, "float32", (1, 2), node.new_value())
+                      for port_name in outputs])
     node.finish(index)
     return node
 
