@@ -1,4 +1,4 @@
-"""Colours, sizes and fonts roles of the graph picture, in logical pixels."""
+"""Colours, sizes and font roles of the graph picture, sizes in logical pixels."""
 
 from __future__ import annotations
 
