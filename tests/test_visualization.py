@@ -1,4 +1,5 @@
-"""Tests for leapp.visualization.render_pipeline (the `<graph>.png` picture)."""
+"""Tests for leapp.visualization (the `<graph>.png` picture): draw, render_pipeline
+and the scene layout_pipeline places."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from leapp import visualization as viz
-from leapp.visualization import render_pipeline
+from leapp.pipeline import Pipeline
+from leapp.visualization import draw, layout_pipeline, render_pipeline, style
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,11 +96,16 @@ def chain(n: int) -> tuple[dict, dict]:
     return models, pipeline
 
 
+def model(graph: tuple[dict, dict]) -> Pipeline:
+    models, pipeline = graph
+    return Pipeline.from_document({"models": models, "pipeline": pipeline, "system information": {}})
+
+
 def _near(pixel, color, tol: int = 40) -> bool:
     return all(abs(a - b) <= tol for a, b in zip(pixel, color))
 
 
-def count_color(path: Path, color, top: int = viz.HEADER_BLOCK_H) -> int:
+def count_color(path: Path, color, top: int = style.HEADER_BLOCK_H) -> int:
     """Pixels within 30 per channel of `color`, below the header/legend block."""
     with Image.open(path) as im:
         pixels = np.asarray(im.convert("RGB"), dtype=np.int16)[top:]
@@ -132,17 +138,16 @@ def test_renders_open_with_expected_size(tmp_path, name, graph, min_size, max_si
 def test_feedback_drawn_in_feedback_colour(tmp_path):
     with_fb = render(tmp_path, "fb", feedback_example())
     without = render(tmp_path, "gs", getting_started())
-    assert count_color(with_fb, viz.FEEDBACK_COLOR) > 300
-    assert count_color(without, viz.FEEDBACK_COLOR) == 0
-    assert count_color(without, viz.FORWARD_COLOR) > 50
-    assert count_color(without, viz.INPUT_COLOR) > 50
-    assert count_color(without, viz.OUTPUT_COLOR) > 50
+    assert count_color(with_fb, style.FEEDBACK_COLOR) > 300
+    assert count_color(without, style.FEEDBACK_COLOR) == 0
+    assert count_color(without, style.FORWARD_COLOR) > 50
+    assert count_color(without, style.INPUT_COLOR) > 50
+    assert count_color(without, style.OUTPUT_COLOR) > 50
 
 
 def test_feedback_lane_runs_above_the_cards(tmp_path):
     models, pipeline = loop3()
-    view = viz.parse_pipeline(models, pipeline)
-    scene = viz.layout_pipeline(view)
+    scene = layout_pipeline(model((models, pipeline)))
     (loop,) = scene.loops
     lane_y = min(y for _, y in scene.loop_route(loop))
     assert lane_y < min(i.y for i in scene.items if i.kind == "node")
@@ -150,16 +155,16 @@ def test_feedback_lane_runs_above_the_cards(tmp_path):
     with Image.open(out) as im:
         im = im.convert("RGB")
         row = [im.getpixel((x, round(lane_y))) for x in range(round(loop.xt), round(loop.xs))]
-    assert sum(_near(px, viz.FEEDBACK_COLOR) for px in row) > len(row) // 3  # dashed
+    assert sum(_near(px, style.FEEDBACK_COLOR) for px in row) > len(row) // 3  # dashed
 
 
 def test_layout_producers_left_of_consumers_and_no_overlap():
     models, pipeline = diamond()
-    view = viz.parse_pipeline(models, pipeline)
-    scene = viz.layout_pipeline(view)
+    graph = model((models, pipeline))
+    scene = layout_pipeline(graph)
     cards = {i.key[1]: i for i in scene.items if i.kind == "node"}
-    for conn in view.connections:
-        assert cards[conn.src_node].x + cards[conn.src_node].width < cards[conn.dst_node].x
+    for edge in graph.forward_edges():
+        assert cards[edge.src_node].x + cards[edge.src_node].width < cards[edge.dst_node].x
     boxes = [(i.x, i.y, i.x + i.width, i.y + i.height) for i in scene.items if i.kind != "dummy"]
     for a in range(len(boxes)):
         for b in range(a + 1, len(boxes)):
@@ -171,7 +176,7 @@ def test_layout_producers_left_of_consumers_and_no_overlap():
 def test_chain_of_100_wraps_into_rows(tmp_path):
     out = render(tmp_path, "chain100", chain(100))
     with Image.open(out) as im:
-        assert max(im.size) <= viz.MAX_SIDE
+        assert max(im.size) <= style.MAX_SIDE
         assert im.width < 6000 and im.height < 6000
         assert im.height > 1000  # wrapped into several rows, not one strip
     assert out.stat().st_size < 4 * 1024 * 1024
@@ -185,15 +190,15 @@ def test_single_node_and_node_without_model(tmp_path):
     no_model = render(tmp_path, "nomodel", (models, pipeline))
     models["right"]["parameters"]["backend"] = "jit"
     with_model = render(tmp_path, "withmodel", (models, pipeline))
-    grey = count_color(no_model, viz.BADGE_NONE, top=viz.HEADER_BLOCK_H + 4)
-    assert grey > count_color(with_model, viz.BADGE_NONE, top=viz.HEADER_BLOCK_H + 4) + 20
+    grey = count_color(no_model, style.BADGE_NONE, top=style.HEADER_BLOCK_H + 4)
+    assert grey > count_color(with_model, style.BADGE_NONE, top=style.HEADER_BLOCK_H + 4) + 20
 
 
 def test_backend_override_changes_badge(tmp_path):
     plain = render(tmp_path, "plain", getting_started())
     override = render(tmp_path, "override", getting_started(), backends={"predict": "pt2", "preprocess": None})
-    assert count_color(plain, viz.BADGE_COLORS["pt2"], top=viz.HEADER_BLOCK_H + 4) == 0
-    assert count_color(override, viz.BADGE_COLORS["pt2"], top=viz.HEADER_BLOCK_H + 4) > 20
+    assert count_color(plain, style.BADGE_COLORS["pt2"], top=style.HEADER_BLOCK_H + 4) == 0
+    assert count_color(override, style.BADGE_COLORS["pt2"], top=style.HEADER_BLOCK_H + 4) > 20
 
 
 def test_deterministic_bytes(tmp_path):
@@ -225,21 +230,53 @@ def test_no_metadata_chunks(tmp_path):
     (lambda m, p: p["data_flow"].update({"preprocess/processed_features": ["predict/bogus"]}), "bogus"),
     (lambda m, p: p["inputs"].update({"missing": ["x"]}), "missing"),
     (lambda m, p: m["predict"].update({"inputs": "not a list"}), "predict"),
+    # a '/' in a node name: the key would not split into node and port
+    (lambda m, p: m.update({"pre/process": m.pop("preprocess")}), "pre/process"),
 ])
 def test_bad_input_raises_clear_error(tmp_path, mutate, needle):
+    """The mappings are read by Pipeline.from_document: its message, inside a
+    RuntimeError naming the graph, and no file written."""
     models, pipeline = getting_started()
     mutate(models, pipeline)
     out = tmp_path / "bad.png"
     with pytest.raises(RuntimeError) as info:
         render_pipeline(str(out), "my_graph", models, pipeline)
     message = str(info.value)
-    assert "my_graph" in message and needle in message
+    assert message.startswith(f"cannot render the graph 'my_graph' to {out}: ")
+    assert needle in message
+    assert isinstance(info.value.__cause__, ValueError)
     assert not out.exists()
     assert not list(tmp_path.iterdir())
 
 
-def test_cyclic_data_flow_is_drawn_as_a_loop(tmp_path):
+def test_cyclic_data_flow_is_refused(tmp_path):
+    """A data_flow cycle is no pipeline (loops go under feedback_flow)."""
     models = {"a": node([port("x")], [port("y")]), "b": node([port("x")], [port("y")])}
     pipeline = {"data_flow": {"a/y": ["b/x"], "b/y": ["a/x"]}}
-    out = render(tmp_path, "cycle", (models, pipeline))
-    assert count_color(out, viz.FEEDBACK_COLOR) == 0  # still a data edge, not feedback
+    out = tmp_path / "cycle.png"
+    with pytest.raises(RuntimeError, match="cannot render the graph 'cycle' .*cycle through nodes"):
+        render_pipeline(str(out), "cycle", models, pipeline)
+    assert not out.exists()
+
+
+def test_backends_naming_unknown_node_raises(tmp_path):
+    out = tmp_path / "bad.png"
+    with pytest.raises(RuntimeError, match="cannot render the graph 'g' .*'backends' names unknown node"):
+        draw(model(getting_started()), str(out), "g", backends={"ghost": "jit"})
+    assert not out.exists()
+
+
+def test_draw_and_render_pipeline_give_the_same_file(tmp_path):
+    via_mappings = render(tmp_path, "loop3", loop3())
+    via_model = tmp_path / "model.png"
+    assert draw(model(loop3()), str(via_model), "loop3") == str(via_model)
+    assert via_mappings.read_bytes() == via_model.read_bytes()
+
+
+def test_data_edge_to_own_node_is_drawn_as_a_loop(tmp_path):
+    models = {"a": node([port("x"), port("s")], [port("y"), port("z")]), "b": node([port("x")], [port("y")])}
+    pipeline = {"data_flow": {"a/y": ["b/x"], "a/z": ["a/s"]}, "inputs": {"a": ["x"]}, "outputs": {"b": ["y"]}}
+    (loop,) = layout_pipeline(model((models, pipeline))).loops
+    assert (loop.src.key, loop.dst.key, loop.kind) == (("node", "a"), ("node", "a"), "forward")
+    out = render(tmp_path, "self", (models, pipeline))
+    assert count_color(out, style.FEEDBACK_COLOR) == 0  # still a data edge, not feedback
