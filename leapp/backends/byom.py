@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+
 import torch
 
 from .._logging import logger
