@@ -569,8 +569,9 @@ class FusedModel:
     """Runs a fused model step by step, carrying its state.
 
     ``FusedModel(path)`` loads a fused ``.onnx`` with onnxruntime (the CUDA
-    provider first when onnxruntime has it) or a fused TorchScript ``.pt``, both
-    through :func:`leapp.backends.load.load`, and reads the state convention from its metadata.
+    provider first when onnxruntime has it) or a fused TorchScript ``.pt``,
+    both through :func:`leapp.backends.load.load`, and reads the state
+    convention from its metadata.
     ``step(inputs)`` takes ``{"node/port": tensor}`` like
     ``InferenceManager.run_policy`` (every data input, each call) and returns
     the data outputs; ``reset()`` puts the initial state back.

@@ -106,13 +106,22 @@ class OnnxRunner:
         out_device = None
         for name, index in self._feed:
             value = args[index]
-            if out_device is None and isinstance(value, torch.Tensor) \
-                    and value.device.type == "cuda":
-                out_device = value.device
-            feed[name] = _to_numpy(value)
+            try:  # the common case, inline: a tensor numpy can view
+                if value.requires_grad:
+                    value = value.detach()
+                if value.device.type != "cpu":
+                    if out_device is None and value.device.type == "cuda":
+                        out_device = value.device
+                    value = value.cpu()
+                feed[name] = value.numpy()
+            except (AttributeError, RuntimeError, TypeError):  # conj/neg bits, not a tensor
+                feed[name] = _to_numpy(value)
         outputs = self.session.run(self.output_names, feed)
-        results = tuple(torch.from_numpy(o) if isinstance(o, np.ndarray) else torch.as_tensor(o)
-                        for o in outputs)
+        try:
+            results = tuple(torch.from_numpy(o) for o in outputs)
+        except TypeError:  # a sequence or map output
+            results = tuple(torch.as_tensor(o) if not isinstance(o, np.ndarray)
+                            else torch.from_numpy(o) for o in outputs)
         if out_device is None:
             return results
         return tuple(r.to(out_device) for r in results)
