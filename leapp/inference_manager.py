@@ -2,8 +2,8 @@
 
 ``InferenceManager(yaml_path)`` reads the bundle written by
 ``leapp.compile_graph`` (config versions 1.0 to 1.4), verifies and loads one
-model per node (TorchScript, ONNX through onnxruntime, or torch.export),
-checks the wiring, preallocates every node input and seeds feedback inputs
+model per node (TorchScript, ONNX through onnxruntime, or torch.export; with
+``leapp.backends.load``), checks the wiring, preallocates every node input and seeds feedback inputs
 from the bundle's initial values.  The routing itself is compiled once into a
 ``leapp._core.Program``: integer slots for every node input and graph output,
 so that ``run_policy`` runs the whole step in C and only calls back into
@@ -17,7 +17,6 @@ allocated.  See ``docs/safety.md``.
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -30,8 +29,6 @@ from leapp._logging import fatal, reject
 from leapp._safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
 from leapp.backends.load import load_node
 from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key, torch_dtype
-
-logger = logging.getLogger("leapp")
 
 
 class InferenceNode:
