@@ -41,6 +41,7 @@ import torch
 
 from ._digest import file_digests
 from ._safe_load import quote
+from .backends.load import load
 from .pipeline import split_key
 
 logger = logging.getLogger("leapp")
@@ -267,7 +268,7 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     args = _example_inputs(entry)
     program: Any = None
     if backend == "jit":
-        module = torch.jit.load(entry.model_path, map_location="cpu").eval()
+        module = load("jit", entry.model_path, device="cpu")[0]
     else:
         from ._safe_load import load_pt2
         program = load_pt2(entry.model_path)
@@ -507,7 +508,7 @@ def build_torchscript(the_plan: Plan, manager: Any) -> Any:
     for name in the_plan.order:
         entry = manager.nodes[name]
         if entry.backend == "jit":
-            modules[name] = torch.jit.load(entry.model_path, map_location="cpu").eval()
+            modules[name] = load("jit", entry.model_path, device="cpu")[0]
         elif entry.backend == "pt2":
             program = load_pt2(entry.model_path)
             if _has_control_flow(program):
@@ -568,8 +569,9 @@ class FusedModel:
     """Runs a fused model step by step, carrying its state.
 
     ``FusedModel(path)`` loads a fused ``.onnx`` with onnxruntime (the CUDA
-    provider first when onnxruntime has it) or a fused TorchScript ``.pt`` with
-    ``torch.jit.load``, and reads the state convention from its metadata.
+    provider first when onnxruntime has it) or a fused TorchScript ``.pt``,
+    both through :func:`leapp.backends.load.load`, and reads the state
+    convention from its metadata.
     ``step(inputs)`` takes ``{"node/port": tensor}`` like
     ``InferenceManager.run_policy`` (every data input, each call) and returns
     the data outputs; ``reset()`` puts the initial state back.
@@ -588,7 +590,6 @@ class FusedModel:
         if self.path.endswith(".onnx"):
             import onnxruntime as ort
 
-            from .inference_manager import _OnnxRunner
             if providers is None:
                 available = ort.get_available_providers()
                 providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
@@ -597,15 +598,14 @@ class FusedModel:
             described = self.metadata["outputs"] + [
                 {"name": s["output"], "dtype": s["dtype"], "shape": s["shape"]}
                 for s in self.metadata["state"]]
-            self._runner = _OnnxRunner(self.path, self.input_names + self.state_inputs,
-                                       described, providers=providers)
-            self.session = self._runner.session
             #: "cuda" when onnxruntime runs the model on the GPU (inputs go there)
-            self.device = self._runner.device
+            self._runner, _, self.device = load(
+                "onnx", self.path, input_names=self.input_names + self.state_inputs,
+                outputs=described, providers=providers)
+            self.session = self._runner.session
             self._run = self._run_onnx
         else:
-            self.module = torch.jit.load(self.path, map_location="cpu").eval()
-            self.device = "cpu"
+            self.module, _, self.device = load("jit", self.path, device="cpu")
             self._run = self._run_torchscript
         self.reset()
 

@@ -2,8 +2,8 @@
 
 ``InferenceManager(yaml_path)`` reads the bundle written by
 ``leapp.compile_graph`` (config versions 1.0 to 1.4), verifies and loads one
-model per node (TorchScript, ONNX through onnxruntime, or torch.export),
-checks the wiring, preallocates every node input and seeds feedback inputs
+model per node (TorchScript, ONNX through onnxruntime, or torch.export; with
+``leapp.backends.load``), checks the wiring, preallocates every node input and seeds feedback inputs
 from the bundle's initial values.  The routing itself is compiled once into a
 ``leapp._core.Program``: integer slots for every node input and graph output,
 so that ``run_policy`` runs the whole step in C and only calls back into
@@ -17,128 +17,18 @@ allocated.  See ``docs/safety.md``.
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from leapp import _core
-from leapp._digest import file_digests
 from leapp._logging import fatal, reject
-from leapp._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
-                              load_pt2, load_yaml, open_regular, quote)
+from leapp._safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
+from leapp.backends.load import load_node
 from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key, torch_dtype
-
-logger = logging.getLogger("leapp")
-
-
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class _OnnxRunner:
-    """Calls an ONNX model through onnxruntime with torch tensors in and out.
-
-    CUDAExecutionProvider is preferred when onnxruntime has it and torch sees a
-    GPU; CUDA inputs then go through I/O binding (no host copies).  On CPU the
-    inputs reach onnxruntime as numpy views of the tensors and the outputs come
-    back as ``torch.from_numpy`` views, so no tensor data is copied.
-    """
-
-    def __init__(self, path: str, input_names: list[str],
-                 output_descriptions: list[dict[str, Any]],
-                 providers: list[str] | None = None) -> None:
-        import onnxruntime as ort
-
-        available = ort.get_available_providers()
-        if providers is not None:  # the caller's choice (leapp.fusion.FusedModel)
-            pass
-        elif "CUDAExecutionProvider" in available:
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        else:
-            logger.warning("CUDA execution provider not available. Falling back to CPU.")
-            providers = ["CPUExecutionProvider"]
-        options = ort.SessionOptions()
-        # BASIC on purpose: ENABLE_ALL has been seen to corrupt decomposed Gemm chains.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        self.session = ort.InferenceSession(path, options, providers=providers)
-        active = self.session.get_providers()
-        self.use_cuda = bool(active) and active[0] == "CUDAExecutionProvider" \
-            and torch.cuda.is_available()
-        self.device = "cuda" if self.use_cuda else "cpu"
-
-        session_inputs = [i.name for i in self.session.get_inputs()]
-        if set(session_inputs) <= set(input_names):
-            # feed by name: tolerates inputs the exporter dropped
-            self._feed = [(name, input_names.index(name)) for name in session_inputs]
-        else:
-            self._feed = list(zip(session_inputs, range(len(session_inputs))))
-        self._nargs = len(input_names)
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self._out_specs = [
-            (name, tuple(d["shape"]), torch_dtype(d["dtype"], name))
-            for name, d in zip(self.output_names, output_descriptions)
-        ]
-        self._np_dtypes: dict[torch.dtype, Any] = {}
-        if self.use_cuda:
-            import numpy as np
-
-            self._np_dtypes = {
-                torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
-                torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-                torch.float16: np.float16, torch.float32: np.float32,
-                torch.float64: np.float64,
-            }
-
-    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.use_cuda and self._can_bind(args):
-            return self._run_bound(args)
-        feed = {}
-        out_device = None
-        for name, index in self._feed:
-            tensor = args[index]
-            if tensor.requires_grad:
-                tensor = tensor.detach()
-            if tensor.device.type != "cpu":
-                if out_device is None and tensor.device.type == "cuda":
-                    out_device = tensor.device
-                tensor = tensor.cpu()
-            feed[name] = tensor.numpy()
-        outputs = self.session.run(self.output_names, feed)
-        if out_device is None:
-            return tuple(torch.from_numpy(o) for o in outputs)
-        return tuple(torch.from_numpy(o).to(out_device) for o in outputs)
-
-    def _can_bind(self, args: tuple[torch.Tensor, ...]) -> bool:
-        devices = {t.device for t in args}
-        return (len(devices) == 1 and next(iter(devices)).type == "cuda"
-                and all(dtype in self._np_dtypes for _, _, dtype in self._out_specs)
-                and all(t.dtype in self._np_dtypes for t in args))
-
-    def _run_bound(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        device = args[0].device
-        index = device.index or 0
-        binding = self.session.io_binding()
-        keep = []
-        for name, i in self._feed:
-            tensor = args[i].detach().contiguous()
-            keep.append(tensor)
-            binding.bind_input(name, "cuda", index, self._np_dtypes[tensor.dtype],
-                               list(tensor.shape), tensor.data_ptr())
-        outputs = []
-        for name, shape, dtype in self._out_specs:
-            out = torch.empty(shape, dtype=dtype, device=device)
-            outputs.append(out)
-            binding.bind_output(name, "cuda", index, self._np_dtypes[dtype],
-                                list(shape), out.data_ptr())
-        # onnxruntime runs on its own stream: the inputs must be ready first.
-        torch.cuda.current_stream(device).synchronize()
-        self.session.run_with_iobinding(binding)
-        del keep
-        return tuple(outputs)
 
 
 class InferenceNode:
@@ -159,84 +49,22 @@ class InferenceNode:
         self.input_descriptions: list[dict[str, Any]] = [p.description() for p in spec.inputs]
         self.output_descriptions: list[dict[str, Any]] = [p.description() for p in spec.outputs]
         self.parameters: dict[str, Any] = spec.to_entry()["parameters"]
-        params = self.parameters
         self.input_names: list[str] = spec.input_names
         self.output_names: list[str] = spec.output_names
         self.input_shapes = [p.shape for p in spec.inputs]
         self.input_dtypes = [p.torch_dtype for p in spec.inputs]
         self.output_shapes = [p.shape for p in spec.outputs]
         self.output_dtypes = [p.torch_dtype for p in spec.outputs]
-        backend = params["backend"]
-        if backend not in ("jit", "onnx", "pt2"):
-            if backend is None and params["model_path"] in (None, ""):
-                self._resolve_path(None, yaml_dir, allow_external_paths)
-            reject(f"Unsupported backend: {clip(backend)}")
-        self.backend: str = backend
-        self._bundle_dir = yaml_dir
-        self._allow_external_paths = allow_external_paths
-        self.model_path = self._resolve_path(params["model_path"], yaml_dir,
-                                             allow_external_paths)
-        self._verify(params["sha256sum"])
-        self.model, self.call, self.device = self._load()
+        loaded = load_node(spec, yaml_dir, allow_external_paths)
+        self.backend: str = spec.backend
+        self.model_path: str = loaded.path
+        self.model, self.call, self.device = loaded.model, loaded.call, loaded.device
         self.mock_input: dict[str, torch.Tensor] = {
             n: torch.zeros(s, dtype=d, device=self.device)
             for n, s, d in zip(self.input_names, self.input_shapes, self.input_dtypes)}
         self.mock_output: dict[str, torch.Tensor] = {
             n: torch.zeros(s, dtype=d, device=self.device)
             for n, s, d in zip(self.output_names, self.output_shapes, self.output_dtypes)}
-
-    def _resolve_path(self, model_path: Any, yaml_dir: str,
-                      allow_external_paths: bool = False) -> str:
-        if model_path is None or model_path == "":
-            reject(f"Node {quote(self.name)} has no model_path: it cannot run in "
-                   "InferenceManager. Export it with a backend (jit, onnx or pt2).")
-        return bundle_file(yaml_dir, model_path, f"model file for node {quote(self.name)}",
-                           allow_external_paths)
-
-    def _verify(self, expected: Any) -> None:
-        what = f"Model file for node {quote(self.name)}"
-        actual = file_digests(open_regular(self.model_path, what))[0]
-        if expected != actual:
-            reject(f"SHA256 checksum mismatch for {self.model_path}: "
-                   f"expected {clip(expected)}, got {actual}")
-
-    def _load(self) -> tuple[Any, Callable[..., Any], str]:
-        try:
-            return self._load_model()
-        except BundleError as exc:  # the safe loaders' own refusals (already logged)
-            raise BundleError(f"Node {quote(self.name)}: {exc}") from exc
-        except Exception as exc:  # a corrupt or hostile file: one clear message
-            fatal(f"Could not load the {self.backend} model of node {quote(self.name)} from "
-                  f"{quote(self.model_path)}: {type(exc).__name__}: "
-                  f"{clip(' '.join(str(exc).split()), 400)}",
-                  BundleError)
-            raise AssertionError("unreachable") from exc
-
-    def _load_model(self) -> tuple[Any, Callable[..., Any], str]:
-        backend = self.backend
-        if backend == "jit":
-            # TorchScript archives are read by torch's restricted unpickler, which only
-            # rebuilds tensors and TorchScript classes compiled from the archive's code:
-            # no Python global can be named, so no Python code runs.
-            device = _default_device()
-            model = torch.jit.load(self.model_path, map_location=device).to(device).eval()
-            # The compiled method skips nn.Module.__call__: no hooks on a loaded module.
-            return model, model.forward, device
-        if backend == "onnx":
-            check_onnx_external_data(self.model_path, self._bundle_dir,
-                                     self._allow_external_paths)
-            runner = _OnnxRunner(self.model_path, self.input_names, self.output_descriptions)
-            return runner, runner, runner.device
-        if backend == "pt2":
-            device = _default_device()
-            # never torch.export.load: it unpickles (see leapp._safe_load.load_pt2)
-            model = load_pt2(self.model_path).module()
-            if device != "cpu":
-                model = model.to(device)
-            # Called as a module: torch.export installs input-checking hooks.
-            return model, model, device
-        reject(f"Unsupported backend: {clip(backend)}")
-        raise AssertionError("unreachable")
 
     def __call__(self, *args: torch.Tensor) -> Any:
         """Run the model once; a single output is returned unwrapped."""

@@ -1,10 +1,10 @@
 """Validation of exported nodes against the values seen while tracing.
 
 Each node is validated as it ships: its saved file is loaded from the bundle
-with InferenceManager's own loader (SavedModel), checksum included, and that
-loaded model runs on its first traced example (sample 0: the ports'
-`.value`) and on each cached re-entry example (sample 1, 2, ...: the ports'
-`.samples`), TorchScript models in the interpreter without the optimising
+with InferenceManager's own loader (SavedModel: leapp.backends.load.load_node),
+checksum included, and that loaded model runs on its first traced example
+(sample 0: the ports' `.value`) and on each cached re-entry example (sample 1,
+2, ...: the ports' `.samples`), TorchScript models in the interpreter without the optimising
 executor's profiling passes.  Per example: the output count, then per output NaN/Inf on either
 side, shape and dtype, and torch.allclose(rtol, atol); a numeric mismatch logs
 shapes, dtypes, value ranges and absolute-difference statistics.  A summary
@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ._logging import fatal, log_path, logger, section
+from .backends.load import load_node
+from .pipeline import Node
 
 REENTRY_HINT = (
     "Sample 0 (initial trace) passed validation, but one or more re-entry samples failed. "
@@ -48,10 +50,9 @@ class SavedModel:
 
     def load(self) -> tuple[Callable[..., Any], str]:
         """(the loaded model's call, its device)."""
-        from .inference_manager import InferenceNode
-        node = InferenceNode(self.name, self.description, self.yaml_dir,
-                             allow_external_paths=self.allow_external)
-        return node.call, node.device
+        loaded = load_node(Node.from_entry(self.name, self.description), self.yaml_dir,
+                           allow_external_paths=self.allow_external)
+        return loaded.call, loaded.device
 
     def __repr__(self) -> str:
         return f"SavedModel({self.name!r}, {self.yaml_dir!r})"

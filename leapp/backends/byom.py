@@ -15,33 +15,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any
 
 import torch
 
 from .._logging import logger
 from . import Exported
+from .load import load
 
 # file suffix -> YAML backend
 SUFFIX_BACKENDS = {".pt": "jit", ".onnx": "onnx", ".pt2": "pt2"}
-
-
-def load_model(path: str) -> Any:
-    """The model at path, callable with torch tensors, in the runtime its suffix names.
-
-    A ``.pt2`` is read the way ``InferenceManager`` reads it (never unpickled), so a
-    file the bundle could not load fails here, at compile time.
-    """
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix == ".pt":
-        return torch.jit.load(path, map_location="cpu").eval()
-    if suffix == ".onnx":
-        from .onnx import OnnxRuntimeModel
-        return OnnxRuntimeModel(path)
-    if suffix == ".pt2":
-        from .._safe_load import load_pt2
-        return load_pt2(path).module()
-    raise ValueError(f"Unsupported model file suffix: {suffix or '(none)'}")
 
 
 def _inside_bundle(path: str, out_dir: str) -> bool:
@@ -100,6 +82,9 @@ def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModu
         logger.warning("[%s] copy_original_model=False: the bundle references %s outside its "
                        "directory; InferenceManager loads it only with "
                        "allow_external_paths=True", node, path)
-    return Exported(model=load_model(path), path=path, yaml_backend=backend,
+    # loaded now, as InferenceManager will load it: a file it could not load fails here
+    model = load(backend, path, input_names=input_names, allow_external_paths=True,
+                 device="cpu")[0]
+    return Exported(model=model, path=path, yaml_backend=backend,
                     input_names=input_names, output_names=output_names,
                     external=not _inside_bundle(path, out_dir))
