@@ -10,27 +10,27 @@ raises the clear errors, and drives the node lifecycle:
   GraphModule, publishes the output ports and closes the node;
   later passes: the same calls check the structure against pass 1, fill in a
   missing source (inferred feedback) and cache samples for validation.
+
+Declared state (state_tensors / update_state / register_buffer / module) is
+part of that lifecycle.  Next to it: _origins (call sites, re-run detection),
+_method (@annotate.method) and _mirror (mirror_leapp_tags).
 """
 from __future__ import annotations
 
-import ast
-import inspect
-import os
-import sys
-import textwrap
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from . import _alias, _core, _numpy
+from . import _alias, _core, _method, _mirror, _numpy
 from ._fx import build_graph_module
 from ._buffers import BufferTracker
 from ._logging import fatal, logger
 from ._node_info import NodeInfo, info
+from ._origins import call_site, check_origin
 from ._payload import Leaf, flatten, normalize, rebuild
 from ._traced import TracedTensor, alias, clone_plain, plain
 
@@ -155,21 +155,8 @@ class SessionAPI:
         if not _core.is_tracing():
             return rebuild(values, {})
         node = _core.find_node(node_name) or self._new_node(node_name)
-        self._check_origin(node, _origin if _origin is not None else _call_site())
+        check_origin(node, _origin if _origin is not None else call_site())
         return self._declare(node, values, fields, state=False)
-
-    def _check_origin(self, node: _core.Node, origin: Any) -> None:
-        """A node re-enters only from where its first trace declared inputs."""
-        origins = info(node).origins
-        if node.is_tracing:
-            origins.add(origin)
-        elif origin not in origins:
-            where = ", ".join(sorted(_origin_text(o) for o in origins))
-            fatal(f"Error: node '{node.name}' is being called from a different annotation "
-                  f"origin than the first trace ({_origin_text(origin)}; first traced from "
-                  f"{where}). Cannot reuse a node name from a different call site. Give the "
-                  f"node at this call site its own name."
-                  + (RERUN_HINT if _rerun_like(origin, origins) else ""))
 
     def _declare(self, node: _core.Node, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
@@ -668,170 +655,21 @@ class SessionAPI:
         info(node).trackers.append(tracker)
         return None
 
-    # ---- provenance ---------------------------------------------------------
+    # ---- their own modules: provenance (_mirror), @annotate.method (_method) ----
+    # The C core looks both up on this object by name.
 
-    def mirror_leapp_tags(self, source: Any, target: Any) -> Any:
-        """Copy provenance from source to target after checking they match exactly."""
-        if not _core.is_tracing():
-            return target
-        try:
-            _exact_match(source, target)
-        except _Mismatch as exc:
-            fatal(f"Error: source and target do not match: {exc}")
-        except Exception as exc:  # structure the check could not follow
-            fatal(f"unexpected error mirroring LEAPP tags: {exc}", cause=exc)
-        _mirror(source, target)
-        return target
-
-    # ---- @annotate.method ---------------------------------------------------
-
-    def call_method(self, method: Any, args: tuple, kwargs: dict) -> Any:
-        """Run a decorated function as one traced node."""
-        fn = method.fn
-        options = method.options
-        node_name = options.get("node_name") or getattr(fn, "__name__", "method")
-        target = inspect.unwrap(fn)
-        # The signature of fn itself: it follows __wrapped__ (torch.no_grad() and
-        # other functools.wraps decorators) and leaves out a bound method's self,
-        # also when the method's function is the wrapped one.
-        signature = inspect.signature(fn)
-        bound = signature.bind(*args, **kwargs)
-        params = list(signature.parameters.values())
-        skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
-        # defaults may be registered before any input
-        node = _core.find_node(node_name) or self._new_node(node_name)
-        first_pass = bool(node.is_tracing)
-        if first_pass and (options.get("environment_constants") or options.get("register_buffers")):
-            owner = bound.args[0] if skip_first else _bound_self(fn)
-            self._closed_over(node_name, target, owner, options)
-        origin = ("method", getattr(target, "__code__", target))
-        call_args: list = []
-        call_kwargs: dict = {}
-        for index, param in enumerate(params):
-            if param.name not in bound.arguments:
-                if _is_tensor(param.default):
-                    # An unpassed tensor default is a constant of the node.  A fresh
-                    # alias per parameter: one default object may serve several
-                    # parameters, and the caller's default itself is never tagged.
-                    call_kwargs[param.name] = self.register_buffer(
-                        node_name, {param.name: alias(param.default)})
-                continue
-            value = bound.arguments[param.name]
-            if index == 0 and skip_first:
-                call_args.append(value)
-            elif param.kind is param.VAR_POSITIONAL:
-                for i, item in enumerate(value):
-                    call_args.append(self._method_input(node_name, f"arg_{i}", item, origin))
-            elif param.kind is param.VAR_KEYWORD:
-                for key, item in value.items():
-                    call_kwargs[key] = self._method_input(node_name, key, item, origin)
-            elif param.kind is param.KEYWORD_ONLY:
-                call_kwargs[param.name] = self._method_input(node_name, param.name, value,
-                                                             origin)
-            else:
-                call_args.append(self._method_input(node_name, param.name, value, origin))
-        result = fn(*call_args, **call_kwargs)
-        names = return_names(target)
-        if result is None:
-            fatal(f"Error: annotated method {node_name} returned None, but LEAPP expects a "
-                  f"return value")
-        values = result if isinstance(result, tuple) else (result,)
-        if len(names) != len(values):
-            if len(names) == 1 and not isinstance(result, tuple):
-                pass
-            elif all(n.startswith("output") for n in names):
-                names = [f"output{i + 1}" for i in range(len(values))]
-            else:
-                fatal(f"Error: annotated method {node_name} returned {len(values)} values, but "
-                      f"LEAPP detected the following return names: {names}")
-        self.output_tensors(node_name, dict(zip(names, values)),
-                            export_with=options.get("export_with"),
-                            backend_params=options.get("backend_params") or {})
-        if first_pass and options.get("environment_constants") and not node.is_tracing:
-            # Freeze the named constants now: the node's graph (and the copies
-            # of the closed-over tensors it holds) is built from today's values.
-            _ = info(node).graph_module.module
-        return result
-
-    def _closed_over(self, node_name: str, target: Callable, owner: Any,
-                     options: dict) -> None:
-        """First trace: resolve environment_constants and register register_buffers."""
-        for name in options.get("environment_constants") or ():
-            found, _ = _resolve_name(target, owner, name)
-            if found:
-                logger.info("Environment constant '%s' of node '%s' is frozen into the node as "
-                            "a constant.", name, node_name)
-            else:
-                logger.warning("environment_constants of node '%s': '%s' does not name an "
-                               "object the function can reach (closure, globals, self); "
-                               "closed-over values it reads are constants of the node anyway.",
-                               node_name, name)
-        for name in options.get("register_buffers") or ():
-            found, value = _resolve_name(target, owner, name)
-            if not found or not _is_tensor(value):
-                what = "does not name an object the function can reach" if not found \
-                    else f"is a {type(value).__name__}, not a tensor"
-                fatal(f"register_buffers of node '{node_name}': '{name}' {what}. List the "
-                      f"closed-over tensors the function writes in place.", ValueError)
-            self.register_buffer(node_name, {name.replace(".", "_"): value})
-
-    def _method_input(self, node_name: str, name: str, value: Any, origin: Any) -> Any:
-        if _has_tensor(value):
-            return self.input_tensors(node_name, {name: value}, _origin=origin)
-        return value
+    mirror_leapp_tags = staticmethod(_mirror.mirror_leapp_tags)
+    # Called as API.call_method(method, args, kwargs): the session API is its first argument.
+    call_method = _method.call_method
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # Instance-dict key of the C core's "computed outside every node from a
 # published output" tag: (node name, port, op name).
 _DERIVED = "_leapp_derived"
 
-
-def _call_site() -> tuple:
-    """(file, line) of the nearest frame outside the leapp package."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
-        frame = frame.f_back
-    if frame is None:
-        return ("<unknown>", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
-
-
 OPEN_NODE_HINT = (
     "\nIf the node is still open from an earlier pass that raised (e.g. a notebook cell run "
     "again after an error), call leapp.start() again to reset the session and rerun.")
-RERUN_HINT = (
-    "\nThis looks like edited code run again (e.g. a notebook cell): the node keeps the "
-    "call site of its first trace. Call leapp.start() again to reset the session and rerun.")
-
-
-def _cell_file(filename: Any) -> bool:
-    """Whether filename names code compiled from a notebook cell or a string."""
-    name = str(filename)
-    return name.startswith("<") or "ipykernel_" in name or "<ipython-input-" in name
-
-
-def _rerun_like(origin: Any, origins: set) -> bool:
-    """Whether origin differs from the first trace's only as re-executed code would."""
-    for first in origins:
-        if origin[0] == "method" and first[0] == "method":
-            new, old = origin[1], first[1]
-            if getattr(new, "co_name", None) == getattr(old, "co_name", 0) and (
-                    getattr(new, "co_filename", None) == getattr(old, "co_filename", 0)
-                    or (_cell_file(getattr(new, "co_filename", ""))
-                        and _cell_file(getattr(old, "co_filename", "")))):
-                return True
-        elif origin[0] != "method" and first[0] != "method":
-            if _cell_file(origin[0]) and _cell_file(first[0]):
-                return True
-    return False
-
-
-def _origin_text(origin: Any) -> str:
-    if origin[0] == "method":
-        code = origin[1]
-        return f"@annotate.method {getattr(code, 'co_name', code)}"
-    return f"{origin[0]}:{origin[1]}"
 
 
 def _tensor_leaf(leaf: Leaf, arrays: bool) -> Leaf:
@@ -842,151 +680,6 @@ def _tensor_leaf(leaf: Leaf, arrays: bool) -> Leaf:
     if arrays and isinstance(value, np.ndarray):
         return Leaf(leaf.name, _numpy.as_payload_tensor(value), leaf.semantics, leaf.path)
     return leaf
-
-def _bound_self(fn: Any) -> Any:
-    """The object a bound method (possibly under functools.wraps wrappers) is bound to."""
-    seen = 0
-    while fn is not None and seen < 100:
-        owner = getattr(fn, "__self__", None)
-        if owner is not None and not inspect.ismodule(owner):
-            return owner
-        fn = getattr(fn, "__wrapped__", None)
-        seen += 1
-    return None
-
-
-def _resolve_name(target: Callable, owner: Any, name: str) -> tuple[bool, Any]:
-    """(found, value) of a dotted name seen from target: self/cls, closure, globals."""
-    head, *rest = name.split(".")
-    if head in ("self", "cls") and owner is not None:
-        value = owner
-    else:
-        try:
-            scopes = inspect.getclosurevars(target)
-        except TypeError:
-            return False, None
-        globals_ = getattr(target, "__globals__", {})
-        for scope in (scopes.nonlocals, scopes.globals, globals_, scopes.builtins):
-            if head in scope:
-                value = scope[head]
-                break
-        else:
-            return False, None
-    for attr in rest:
-        try:
-            value = getattr(value, attr)
-        except AttributeError:
-            return False, None
-    return True, value
-
-
-def _has_tensor(value: Any) -> bool:
-    """Whether a tensor lies anywhere in value (dicts, lists, tuples; any depth)."""
-    stack, seen = [value], set()
-    while stack:
-        item = stack.pop()
-        if _is_tensor(item) or isinstance(item, np.ndarray):
-            return True
-        if isinstance(item, (dict, list, tuple)) and id(item) not in seen:
-            seen.add(id(item))
-            stack.extend(item.values() if isinstance(item, dict) else item)
-    return False
-
-
-_RETURN_NAMES: dict[Any, list[str]] = {}
-
-
-def return_names(fn: Callable) -> list[str]:
-    """Output names from the function's return statements (output{i} otherwise)."""
-    code = getattr(fn, "__code__", None)
-    if code in _RETURN_NAMES:
-        return _RETURN_NAMES[code]
-    names = ["output1"]
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        tree = None
-    if tree is not None and tree.body:
-        top = tree.body[0]
-        returns = [n for n in ast.walk(top) if isinstance(n, ast.Return) and n.value is not None
-                   and _owner(top, n) is top]
-        found: list[list[str | None]] = []
-        for ret in returns:
-            elts = ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value]
-            found.append([e.id if isinstance(e, ast.Name) else None for e in elts])
-        if found:
-            width = max(len(f) for f in found)
-            merged = []
-            for i in range(width):
-                options = [f[i] for f in found if i < len(f) and f[i] is not None]
-                merged.append(options[0] if options else f"output{i + 1}")
-            names = merged
-            if len({len(f) for f in found}) > 1:
-                logger.warning("Return statements of %s differ in arity; using %s",
-                               getattr(fn, "__name__", fn), names)
-    if len(set(names)) != len(names):
-        names = [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-    _RETURN_NAMES[code] = names
-    return names
-
-
-def _owner(top: ast.AST, target: ast.AST) -> ast.AST | None:
-    """The innermost function definition containing target."""
-    owner = None
-    for node in ast.walk(top):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            if any(child is target for child in ast.walk(node)):
-                owner = node
-    return owner
-
-
-class _Mismatch(Exception):
-    pass
-
-
-def _exact_match(source: Any, target: Any) -> None:
-    """Raise _Mismatch (or ValueError) at the first difference, depth first, in order."""
-    stack = [(source, target)]
-    while stack:
-        source, target = stack.pop()
-        if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor):
-            a, b = plain(source), plain(target)
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
-                    or not torch.equal(a, b):
-                raise _Mismatch(f"{_summary(a)} != {_summary(b)}")
-        elif isinstance(source, dict) and isinstance(target, dict):
-            if list(source) != list(target):
-                raise _Mismatch(f"dict keys {list(source)} != {list(target)}")
-            stack.extend((source[key], target[key]) for key in reversed(list(source)))
-        elif isinstance(source, (list, tuple)) and isinstance(target, (list, tuple)):
-            if len(source) != len(target):
-                raise ValueError(f"list lengths {len(source)} != {len(target)}")
-            stack.extend(reversed(list(zip(source, target))))
-        else:
-            raise _Mismatch(f"{type(source).__name__} != {type(target).__name__}")
-
-
-def _summary(t: torch.Tensor) -> str:
-    return f"tensor(shape={list(t.shape)}, dtype={t.dtype}, values={t.flatten()[:6].tolist()})"
-
-
-def _mirror(source: Any, target: Any) -> None:
-    """Copy each tensor's provenance from source to target (same structure, any depth)."""
-    stack = [(source, target)]
-    while stack:
-        source, target = stack.pop()
-        if isinstance(source, torch.Tensor):
-            carrier = _core.carrier_of(source)
-            if carrier is None:
-                continue
-            if type(target) is not torch.Tensor and type(target) is not TracedTensor:
-                raise TypeError(f"mirror_leapp_tags: cannot tag a {type(target).__name__}")
-            _core.set_carrier(target, carrier.node, carrier.vid, carrier.port,
-                              bool(carrier.declared))
-        elif isinstance(source, dict):
-            stack.extend((source[key], target[key]) for key in reversed(list(source)))
-        elif isinstance(source, (list, tuple)):
-            stack.extend(reversed(list(zip(source, target))))
 
 
 API = SessionAPI()
