@@ -9,7 +9,8 @@
  *                promotion to TracedTensor and back
  *   port.c       the Port type and dtype names
  *   node.c       the Node type: node contexts, the op log, the constant
- *                table, pruning, the port tuples and their invariants
+ *                table, the port tuples and their invariants
+ *   prune.c      Node.prune(): reachability over a node's op log
  *   trace.c      the per-op __torch_function__ handler
  *   annotate.c   the no-session fast paths of the annotations and the
  *                annotated-method wrapper type
@@ -222,6 +223,12 @@ node_port_at(leapp_state *st, PyObject *ports, Py_ssize_t i)
     assert(Py_IS_TYPE(item, st->port_type));
     return (PortObject *)item;
 }
+
+/* ---- prune.c --------------------------------------------------------- */
+
+/* Node.prune(output_vids) -> (live_ops, live_values): the op records and
+ * values the given output value ids need (node.c's method table). */
+PyObject *node_prune(NodeObject *self, PyObject *vids);
 
 /* ---- trace.c --------------------------------------------------------- */
 int trace_init(PyObject *module, leapp_state *st);
