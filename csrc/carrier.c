@@ -8,7 +8,6 @@
  */
 #include "leapp.h"
 
-
 static int
 carrier_traverse(CarrierObject *self, visitproc visit, void *arg)
 {
