@@ -4,8 +4,13 @@
  * through one `*_init(module, state)` function:
  *
  *   module.c     module state, configuration from the facade, init
- *   node.c       Node, Port, Carrier and Ref types: node contexts, ports,
- *                the op log, the constant table, pruning, provenance
+ *   ref.c        the Ref type: references inside recorded ops
+ *   carrier.c    the Carrier type: the provenance a traced tensor carries,
+ *                promotion to TracedTensor and back
+ *   port.c       the Port type and dtype names
+ *   node.c       the Node type: node contexts, the op log, the constant
+ *                table, the port tuples and their invariants
+ *   prune.c      Node.prune(): reachability over a node's op log
  *   trace.c      the per-op __torch_function__ handler
  *   annotate.c   the no-session fast paths of the annotations and the
  *                annotated-method wrapper type
@@ -118,6 +123,68 @@ leapp_foreign_thread(const leapp_state *st)
  * a str, names the call, e.g. "annotate.input_tensors()"); returns NULL. */
 PyObject *leapp_refuse_thread(leapp_state *st, PyObject *what);
 
+/* ---- ref.c ----------------------------------------------------------- */
+
+/* A reference inside a recorded op: to a value of the node or a constant. */
+enum { REF_VALUE = 0, REF_CONST = 1 };
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t index;
+    int kind;
+} RefObject;
+
+int ref_init(PyObject *module, leapp_state *st);
+/* A new Ref of that kind (REF_VALUE, REF_CONST) and index. */
+PyObject *ref_new(leapp_state *st, int kind, Py_ssize_t index);
+
+/* ---- carrier.c ------------------------------------------------------- */
+
+/* The provenance of a traced tensor, kept in its __dict__ under "_leapp_carrier". */
+typedef struct {
+    PyObject_HEAD
+    PyObject *node;        /* Node owning the value (strong) */
+    PyObject *port;        /* published output name, or NULL */
+    Py_ssize_t vid;        /* value id in node->ops */
+    PyObject *group;       /* alias group (tensors sharing storage), or NULL */
+    int declared;          /* entered through a declaration (an input) */
+} CarrierObject;
+
+int carrier_init(PyObject *module, leapp_state *st);
+/* Borrowed carrier of a traced tensor, or NULL (no exception) if none. */
+CarrierObject *carrier_of(leapp_state *st, PyObject *obj);
+/* Attach a fresh carrier to obj (a tensor of type TracedTensor). */
+int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
+                   Py_ssize_t vid, PyObject *port, int declared);
+/* carrier_attach without remembering obj for stop(): the op-result hot path. */
+int carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
+                         PyObject *port, int declared);
+/* Make obj (an exact torch.Tensor) a TracedTensor in place. */
+int carrier_promote(leapp_state *st, PyObject *obj);
+/* Make every tensor given a carrier since the last call plain again (in
+ * place: class back to torch.Tensor, carrier dropped); -1 on error. */
+Py_ssize_t carrier_release_all(leapp_state *st);
+
+/* ---- port.c ---------------------------------------------------------- */
+
+/* One input or output of a node. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;        /* str */
+    PyObject *dtype;       /* str, e.g. "float32" */
+    PyObject *shape;       /* tuple of int */
+    PyObject *semantics;   /* dict of extra YAML fields, or None */
+    PyObject *value;       /* the first-trace value (a clone) */
+    PyObject *samples;     /* list of re-entry values */
+    PyObject *src_node;    /* producing Node, or None */
+    PyObject *src_port;    /* producing port name, or None */
+    Py_ssize_t vid;        /* value id inside the node; -1 for constants */
+    int is_state;          /* declared state (feedback in one pass) */
+} PortObject;
+
+int port_init(PyObject *module, leapp_state *st);
+/* The YAML dtype name of tensor ("float32" ...), cached per dtype. */
+PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
+
 /* ---- node.c ---------------------------------------------------------- */
 
 enum { NODE_OPEN = 0, NODE_DONE = 1 };
@@ -143,55 +210,9 @@ typedef struct {
     int state;
 } NodeObject;
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *name;        /* str */
-    PyObject *dtype;       /* str, e.g. "float32" */
-    PyObject *shape;       /* tuple of int */
-    PyObject *semantics;   /* dict of extra YAML fields, or None */
-    PyObject *value;       /* the first-trace value (a clone) */
-    PyObject *samples;     /* list of re-entry values */
-    PyObject *src_node;    /* producing Node, or None */
-    PyObject *src_port;    /* producing port name, or None */
-    Py_ssize_t vid;        /* value id inside the node; -1 for constants */
-    int is_state;          /* declared state (feedback in one pass) */
-} PortObject;
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *node;        /* Node owning the value (strong) */
-    PyObject *port;        /* published output name, or NULL */
-    Py_ssize_t vid;        /* value id in node->ops */
-    PyObject *group;       /* alias group (tensors sharing storage), or NULL */
-    int declared;          /* entered through a declaration (an input) */
-} CarrierObject;
-
-/* A reference inside a recorded op: to a value of the node or a constant. */
-enum { REF_VALUE = 0, REF_CONST = 1 };
-typedef struct {
-    PyObject_HEAD
-    Py_ssize_t index;
-    int kind;
-} RefObject;
-
 int node_init(PyObject *module, leapp_state *st);
-/* Borrowed carrier of a traced tensor, or NULL (no exception) if none. */
-CarrierObject *carrier_of(leapp_state *st, PyObject *obj);
-/* Attach a fresh carrier to obj (a tensor of type TracedTensor). */
-int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
-                   Py_ssize_t vid, PyObject *port, int declared);
-/* carrier_attach without remembering obj for stop(): the op-result hot path. */
-int carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
-                         PyObject *port, int declared);
-/* Make obj (an exact torch.Tensor) a TracedTensor in place. */
-int carrier_promote(leapp_state *st, PyObject *obj);
-/* Make every tensor given a carrier since the last call plain again (in
- * place: class back to torch.Tensor, carrier dropped); -1 on error. */
-Py_ssize_t carrier_release_all(leapp_state *st);
-PyObject *ref_new(leapp_state *st, int kind, Py_ssize_t index);
 /* Index of tensor t in node's constant table, adding it if new; -1 on error. */
 Py_ssize_t node_const_index(NodeObject *node, PyObject *t);
-PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
 /* The port of ports (a Node's port tuple) at i, borrowed: only Ports are
  * ever put there. */
 static inline PortObject *
@@ -202,6 +223,12 @@ node_port_at(leapp_state *st, PyObject *ports, Py_ssize_t i)
     assert(Py_IS_TYPE(item, st->port_type));
     return (PortObject *)item;
 }
+
+/* ---- prune.c --------------------------------------------------------- */
+
+/* Node.prune(output_vids) -> (live_ops, live_values): the op records and
+ * values the given output value ids need (node.c's method table). */
+PyObject *node_prune(NodeObject *self, PyObject *vids);
 
 /* ---- trace.c --------------------------------------------------------- */
 int trace_init(PyObject *module, leapp_state *st);

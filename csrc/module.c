@@ -278,7 +278,9 @@ module_exec(PyObject *module)
         || st->str_clone == NULL || st->str_detach == NULL || st->str_derived == NULL) {
         goto done;
     }
-    if (module_add_constants(module) < 0 || node_init(module, st) < 0 || trace_init(module, st) < 0
+    if (module_add_constants(module) < 0 || ref_init(module, st) < 0
+        || carrier_init(module, st) < 0 || port_init(module, st) < 0
+        || node_init(module, st) < 0 || trace_init(module, st) < 0
         || annotate_init(module, st) < 0 || graph_init(module, st) < 0
         || yaml_emit_init(module, st) < 0 || runtime_init(module, st) < 0) {
         goto done;
