@@ -150,6 +150,17 @@ def _fail(message: str) -> None:
 # ---- reading the bundle -----------------------------------------------------------
 
 
+def _fed_twice(edge: Any, first: str) -> str:
+    """Why a node input that ``edge`` feeds and that is already a ``first`` cannot be fused."""
+    if edge.feedback:
+        return (f"Feedback target {quote(edge.target)} is also fed as a {first} of the "
+                "pipeline: it cannot be both state and data in the fused model. Fix the "
+                "bundle's YAML.")
+    return (f"Node input {quote(edge.target)} is fed by {quote(edge.source)} and is also a "
+            f"{first} of the pipeline: one step of this bundle has no single meaning, so it "
+            "cannot be fused. Fix the bundle's YAML.")
+
+
 def plan(manager: Any) -> Plan:
     """The fused model's interface and wiring, from a loaded ``InferenceManager``."""
     nodes, graph = manager.nodes, manager.graph
@@ -169,20 +180,14 @@ def plan(manager: Any) -> Plan:
         dtype, shape = port_of(node, port, "input")
         inputs.append(Port(f"{node}/{port}", dtype, shape))
         feeds[node][port] = ("input", f"{node}/{port}")
-    for edge in graph.forward_edges():
-        node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
-        if port in feeds[node]:
-            _fail(f"Node input {quote(edge.target)} is fed by {quote(edge.source)} and is also "
-                  f"a {feeds[node][port][0]} of the pipeline: one step of this bundle has "
-                  "no single meaning, so it cannot be fused. Fix the bundle's YAML.")
-        feeds[node][port] = ("node", src)
     states = []
-    for edge in graph.feedback_edges():
+    for edge in graph.edges:  # forward edges first, as the YAML lists them
         node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
         if port in feeds[node]:
-            _fail(f"Feedback target {quote(edge.target)} is also fed as a "
-                  f"{feeds[node][port][0]} of the pipeline: it cannot be both state and "
-                  "data in the fused model. Fix the bundle's YAML.")
+            _fail(_fed_twice(edge, feeds[node][port][0]))
+        if not edge.feedback:
+            feeds[node][port] = ("node", src)
+            continue
         dtype, shape = port_of(node, port, "input")
         initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
         states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
