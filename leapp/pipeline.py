@@ -440,8 +440,9 @@ class Pipeline:
 
     def pipeline_section(self) -> dict[str, Any]:
         """The ``pipeline`` document (flows and graph ports as flow-style lists)."""
-        if self._documents is not None:
-            return {k: _thawed(_frozen(v)) for k, v in self._documents[1]["pipeline"].items()}
+        if self._documents is not None:  # flows hold tuples: a shallow copy is the caller's own
+            return {k: dict(v) if k in _FLOWS else _thawed(_frozen(v))
+                    for k, v in self._documents[1]["pipeline"].items()}
         section: dict[str, Any] = {}
         if "configs" in self.sections:
             section["configs"] = _thawed(self.sections["configs"])
