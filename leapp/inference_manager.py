@@ -1,13 +1,13 @@
 """Run an exported LEAPP pipeline from its YAML description.
 
 ``InferenceManager(yaml_path)`` reads the bundle written by
-``leapp.compile_graph`` (config versions 1.0 to 1.4), verifies and loads one
-model per node (TorchScript, ONNX through onnxruntime, or torch.export; with
-``leapp.backends.load``), checks the wiring, preallocates every node input and seeds feedback inputs
-from the bundle's initial values.  The routing itself is compiled once into a
-``leapp._core.Program``: integer slots for every node input and graph output,
-so that ``run_policy`` runs the whole step in C and only calls back into
-Python for the models themselves.
+``leapp.compile_graph`` (config versions 1.0 to 1.4) as a ``leapp.pipeline.Pipeline``
+(the wiring checked), loads one model per node through ``leapp.backends.load``
+(TorchScript, ONNX through onnxruntime, or torch.export), preallocates every
+node input and seeds feedback inputs from the bundle's initial values.  The
+routing itself is compiled once into a ``leapp._core.Program``: integer slots
+for every node input and graph output, so that ``run_policy`` runs the whole
+step in C and only calls back into Python for the models themselves.
 
 Bundles are data, not code: loading never unpickles, every file the YAML names
 must lie inside the bundle directory (unless ``allow_external_paths=True``)
@@ -28,7 +28,7 @@ from leapp import _core
 from leapp._logging import fatal, reject
 from leapp._safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
 from leapp.backends.load import load_node
-from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key, torch_dtype
+from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key
 
 
 class InferenceNode:
