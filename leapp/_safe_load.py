@@ -208,6 +208,11 @@ def load_yaml(path: str) -> Any:
                 depth -= 1
         return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):
+            # PyYAML >= 6.0.3 has a nesting limit of its own that can trip
+            # before ours: the refusal reads the same whichever comes first.
+            fail(f"Leapp description file {quote(path)} nests deeper than "
+                 f"{MAX_YAML_DEPTH} levels (the YAML parser's own limit was reached)")
         fail(f"Leapp description file {quote(path)} is not valid YAML: "
              f"{clip(str(exc), 400)}")
     except (ValueError, OverflowError, RecursionError) as exc:
