@@ -411,6 +411,25 @@ def _unmapped(what: str, node: _core.Node) -> UnmappedNumpyError:
 # ufuncs
 
 
+def _umath_clip() -> Any:
+    """NumPy's ``clip`` ufunc (``np.clip`` is a Python function that calls it).
+
+    Imported by module path: NumPy 2 keeps it in ``numpy._core.umath``; NumPy
+    1.26 ships ``numpy._core`` as a stub package whose ``umath`` submodule is
+    only there once imported (and forwards to ``numpy.core.umath``).
+    """
+    import importlib
+
+    for name in ("numpy._core.umath", "numpy.core.umath"):
+        try:
+            clip = getattr(importlib.import_module(name), "clip", None)
+        except ImportError:
+            continue
+        if isinstance(clip, np.ufunc):
+            return clip
+    return None
+
+
 def _ufunc_table() -> dict:
     table = {
         np.add: torch.add, np.subtract: torch.sub, np.multiply: torch.mul,
@@ -440,8 +459,8 @@ def _ufunc_table() -> dict:
         np.copysign: torch.copysign, np.logaddexp: torch.logaddexp,
         np.logaddexp2: torch.logaddexp2, np.heaviside: torch.heaviside,
     }
-    clip = getattr(np, "_core", np).umath.clip if hasattr(np, "_core") else None
-    if isinstance(clip, np.ufunc):
+    clip = _umath_clip()
+    if clip is not None:
         table[clip] = torch.clamp
     return table
 
