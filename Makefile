@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-debug test-asan test-wheel wheel bench compat upstream-venv clean
+.PHONY: setup build debug demo test test-matrix test-debug test-asan test-wheel wheel bench compat upstream-venv clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,15 @@ build: setup $(CORE_STAMP)
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	@mkdir -p build && touch $@
+
+# The compatibility matrix (tests/matrix.py): the subset of the suite that covers
+# tracing, every backend, InferenceManager, fuse, the examples and rsl-rl-lib, run
+# under torch 2.7 (Isaac Lab's line) with NumPy 1.26, the pinned torch with NumPy
+# 1.26, and the pinned torch with NumPy 2 (.venv).  The side environments live in
+# .matrix/ and are made once; the first run downloads torch 2.7.1 (a CUDA build,
+# about 5 GB with its nvidia packages; it runs on the CPU).
+test-matrix: build
+	$(PY) tests/matrix.py
 
 # The debug core in place: -O0 -g3 and assert() of the invariants csrc/ states
 # (LEAPP_DEBUG_BUILD=1).  The stamp goes, so the next `make build` (or `make

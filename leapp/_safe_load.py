@@ -505,7 +505,12 @@ def load_pt2(path: str) -> Any:
         fail(f"{where} is not a readable zip archive: {clip(str(exc))}")
     try:
         with archive:
-            program, state_dict, constants, model_entry = _read_archive(archive, size, where)
+            if LEGACY_PT2_PROGRAM in archive.namelist():
+                program, state_dict, constants, model_entry = _read_legacy_archive(
+                    archive, size, where)
+            else:
+                program, state_dict, constants, model_entry = _read_archive(
+                    archive, size, where)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         fail(f"{where} is corrupt: {type(exc).__name__}: {clip(str(exc))}")
     try:
@@ -517,10 +522,61 @@ def load_pt2(path: str) -> Any:
     return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
 
 
+# torch 2.7's torch.export.save writes this flat archive: the program as JSON
+# and the state dict and constants as torch.save pickles.  Later releases write
+# the PT2 archive read by _read_archive.
+LEGACY_PT2_PROGRAM = "serialized_exported_program.json"
+LEGACY_PT2_ENTRIES = {LEGACY_PT2_PROGRAM, "serialized_state_dict.pt", "serialized_constants.pt",
+                      "serialized_example_inputs.pt", "version"}
+
+
+def _weights_only_tensors(data: bytes, entry: str, where: str) -> dict[str, torch.Tensor]:
+    """A torch.save'd dict of tensors, read by torch's weights-only unpickler.
+
+    That unpickler rebuilds tensors and plain containers only and refuses
+    every other global, so a payload that would run code is refused here.
+    """
+    import io
+
+    if not data:
+        return {}
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # the unpickler's refusals are UnpicklingError/RuntimeError
+        fail(f"{where}: archive entry {quote(entry)} is not a plain dict of tensors "
+             f"(torch's weights-only reader refused it: {clip(str(exc).splitlines()[0])})")
+    if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+        fail(f"{where}: archive entry {quote(entry)} is not a dict of named tensors")
+    return loaded
+
+
+def _read_legacy_archive(archive: zipfile.ZipFile, size: int, where: str
+                         ) -> tuple[Any, dict[str, torch.Tensor], dict[str, torch.Tensor], str]:
+    """(model JSON, state dict, constants, model entry name) of a torch 2.7 archive."""
+    stray = sorted(e for e in archive.namelist()
+                   if e not in LEGACY_PT2_ENTRIES and not e.startswith("extra_files/"))
+    if stray:
+        fail(f"{where} holds {quote(stray[0])}, which a torch.export archive of torch 2.7 "
+             "never holds; refused")
+    program = _read_json(archive, LEGACY_PT2_PROGRAM, where)
+    _check_graph_json(program, where)
+    tensors = [
+        _weights_only_tensors(_read_entry(archive, entry, size, where)
+                              if entry in archive.namelist() else b"", entry, where)
+        for entry in ("serialized_state_dict.pt", "serialized_constants.pt")]
+    # serialized_example_inputs.pt (the sample inputs) is never read.
+    return program, tensors[0], tensors[1], LEGACY_PT2_PROGRAM
+
+
 def _read_archive(archive: zipfile.ZipFile, size: int, where: str
                   ) -> tuple[Any, dict[str, torch.Tensor], dict[str, torch.Tensor], str]:
     """(model JSON, state dict, constants, model entry name) of an open PT2 archive."""
-    from torch.export.pt2_archive import constants as names
+    try:
+        from torch.export.pt2_archive import constants as names
+    except ImportError:
+        fail(f"{where} is a PT2 archive of a newer torch than this one "
+             f"({torch.__version__}); load it with the torch that exported it")
 
     entries = archive.namelist()
     if not entries:

@@ -8,13 +8,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def upstream_python() -> str | None:
-    """An interpreter with upstream leapp 0.7.2, if one is set up beside us."""
-    candidates = [os.environ.get("LEAPP_UPSTREAM_PYTHON"),
-                  os.path.join(ROOT, ".compat-venv", "bin", "python")]
-    for path in candidates:
-        if path and os.path.exists(path):
-            return path
-    return None
+    """An interpreter with upstream leapp 0.7.2, if one is set up beside us.
+
+    $LEAPP_UPSTREAM_PYTHON, when set, is the only candidate (``none`` turns the
+    comparisons off, as tests/matrix.py does where upstream's torch differs).
+    """
+    chosen = os.environ.get("LEAPP_UPSTREAM_PYTHON")
+    path = chosen or os.path.join(ROOT, ".compat-venv", "bin", "python")
+    return path if os.path.exists(path) else None
 
 
 def under_sanitizer() -> bool:
