@@ -303,6 +303,49 @@ def test_pt2_old_format_refused(bundle, marker):
     refused(bundle, r"is not a torch>=2.7 PT2 archive")
 
 
+def _legacy_pt2(path: str, state_dict: bytes | None = None, extra: dict | None = None
+                ) -> torch.nn.Module:
+    """A torch 2.7 style archive (flat, state dict as a torch.save pickle) at path."""
+    from torch._export.serde.serialize import SCHEMA_VERSION, serialize
+
+    module = torch.nn.Linear(3, 2)
+    artifact = serialize(torch.export.export(module, (torch.ones(1, 3),)))
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("serialized_exported_program.json", artifact.exported_program)
+        archive.writestr("serialized_state_dict.pt", state_dict or artifact.state_dict)
+        archive.writestr("serialized_constants.pt", artifact.constants)
+        archive.writestr("serialized_example_inputs.pt", artifact.example_inputs)
+        archive.writestr("version", ".".join(map(str, SCHEMA_VERSION)))
+        for name, data in (extra or {}).items():
+            archive.writestr(name, data)
+    return module
+
+
+def test_pt2_torch27_archive_loads(tmp_path):
+    from leapp._safe_load import load_pt2
+
+    path = str(tmp_path / "legacy.pt2")
+    module = _legacy_pt2(path)
+    x = torch.randn(1, 3)
+    torch.testing.assert_close(load_pt2(path).module()(x), module(x))
+
+
+@pytest.mark.parametrize("where", ["state_dict", "entry"])
+def test_pt2_torch27_archive_pickle_refused(tmp_path, marker, where):
+    from leapp._safe_load import BundleError, load_pt2
+
+    path = str(tmp_path / "legacy.pt2")
+    payload = pickle.dumps(_Payload(marker))
+    if where == "state_dict":
+        _legacy_pt2(path, state_dict=payload)
+        pattern = r"serialized_state_dict.pt' is not a plain dict of tensors"
+    else:
+        _legacy_pt2(path, extra={"payload.pkl": payload})
+        pattern = r"holds 'payload.pkl', which a torch.export archive of torch 2.7 never holds"
+    with pytest.raises(BundleError, match=pattern):
+        load_pt2(path)
+
+
 def test_pt2_guard_code_refused(bundle, marker):
     path = bundle.model_file("post")
     _edit_pt2_json(path, "models/model.json", lambda d: d.update(
