@@ -499,7 +499,7 @@ class SessionAPI:
         node_info = info(node)
         updates = dict(node_info.state_updates)
         for tracker in node_info.trackers:
-            updates.update(tracker.reassigned())
+            updates.update(tracker.reassigned(node))
         for leaf in static_leaves:
             port = node_info.states.get(leaf.name)
             if port is None or leaf.name not in updates:
