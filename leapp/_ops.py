@@ -119,6 +119,7 @@ def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
         # torch.add(a, b, out=c): c takes the result; the core binds it to c.
         del kwargs["out"]
         return func, tuple(args), kwargs
+    if func is torch.Tensor.__setitem__:
         return _rewrite_setitem(*args)
     if func is torch.Tensor.copy_:
         dest, src = args[0], args[1]
