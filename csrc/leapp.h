@@ -80,6 +80,7 @@ typedef struct {
     PyObject *str_detach;
     PyObject *str_derived;    /* "_leapp_derived": (node, port, func) of a result
                                * computed outside every node from a published value */
+    PyObject *str_out;        /* "out": the keyword of torch's out= variants */
 
     int same_layout;          /* TracedTensor and Tensor instances share a layout */
 

@@ -6,7 +6,7 @@
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
-    X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(nodes) X(promoted)
+    X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(str_out) X(nodes) X(promoted)
 
 static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
@@ -271,11 +271,13 @@ module_exec(PyObject *module)
     st->str_clone = PyUnicode_InternFromString("clone");
     st->str_detach = PyUnicode_InternFromString("detach");
     st->str_derived = PyUnicode_InternFromString("_leapp_derived");
+    st->str_out = PyUnicode_InternFromString("out");
     if (st->op_kinds == NULL || st->dtype_names == NULL || st->empty_kwargs == NULL
         || st->nodes == NULL || st->promoted == NULL
         || st->str_carrier == NULL || st->str_class == NULL
         || st->str_dtype == NULL || st->str_shape == NULL
-        || st->str_clone == NULL || st->str_detach == NULL || st->str_derived == NULL) {
+        || st->str_clone == NULL || st->str_detach == NULL || st->str_derived == NULL
+        || st->str_out == NULL) {
         goto done;
     }
     if (module_add_constants(module) < 0 || ref_init(module, st) < 0

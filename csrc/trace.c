@@ -303,6 +303,23 @@ follow_aliases(leapp_state *st, NodeObject *node, int kind, PyObject *func,
     return 0;
 }
 
+/* The tensor given as out= to a torch function (torch.add(a, b, out=c)),
+ * borrowed, or NULL when there is none (no exception set). */
+static PyObject *
+out_target(leapp_state *st, PyObject *kwargs)
+{
+    PyObject *target;                 /* borrowed from kwargs */
+    if (kwargs == NULL || kwargs == Py_None || PyDict_GET_SIZE(kwargs) == 0) {
+        return NULL;
+    }
+    target = PyDict_GetItemWithError(kwargs, st->str_out);
+    if (target == NULL) {
+        PyErr_Clear();                /* only this lookup's error: no out= */
+        return NULL;
+    }
+    return is_tensor(st, target) ? target : NULL;
+}
+
 /* Record an op of the tracing node and bind its results. */
 static PyObject *
 trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
@@ -312,7 +329,15 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
     PyObject *rewritten = NULL, *result = NULL, *out = NULL, *record = NULL;
     PyObject *rfunc = func;                   /* borrowed */
     PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
+    PyObject *into = (kind == OP_INPLACE || kind == OP_OVERWRITE) ? NULL
+                         : out_target(st, kwargs); /* borrowed */
     assert(node != NULL && node->state == NODE_OPEN && targs != NULL);
+    if (into != NULL) {
+        /* out=: a write into that tensor, recorded functionally like an
+         * in-place op (rewrite() drops the keyword). */
+        kind = OP_INPLACE;
+        receiver = into;
+    }
     Py_INCREF(targs);
     Py_XINCREF(tkwargs);
     if (kind == OP_INPLACE || kind == OP_OVERWRITE) {

@@ -1,9 +1,12 @@
 """annotate.module(): registered nn.Module buffers tracked while a node traces.
 
-A buffer reassigned in forward() (self.h = new_h) becomes feedback state; a
-buffer only read is baked into the model as a constant.  In-place writes
-(self.h.copy_(x)) are not reassignments.  Every buffer is put back as a real
-tensor afterwards, holding its latest value.
+A buffer reassigned in forward() (self.h = new_h) becomes feedback state, and
+so does a buffer written in place (self.h.mul_(0.9).add_(x), self.h.copy_(x),
+self.h[:] = x, self.h[i] += x, torch.add(self.h, x, out=self.h)): the C handler
+records every in-place write functionally and moves the buffer's traced value
+on, so the value it holds at the end of the pass is the state's update.  A
+buffer only read is baked into the model as a constant.  Every buffer is put
+back as a real tensor afterwards, holding its latest value.
 """
 from __future__ import annotations
 
@@ -53,27 +56,41 @@ class BufferTracker:
             owner._buffers[attr] = entry.traced
             self.tracked.append(entry)
 
-    def reassigned(self) -> dict[str, Any]:
-        """{state name: current value} of the buffers reassigned so far (no side effects)."""
+    def _updated(self, node: _core.Node, entry: _Tracked) -> Any:
+        """The buffer's current value when the pass reassigned it or wrote it in
+        place (its traced value moved on from the declared one), else None."""
+        current = entry.owner._buffers.get(entry.attr)
+        if current is None:
+            return None
+        if current is not entry.traced:
+            return current  # reassigned
+        carrier = _core.carrier_of(current)
+        port = info(node).states.get(entry.name)
+        if carrier is not None and port is not None and carrier.node is node \
+                and carrier.vid != port.vid:
+            return current  # written in place
+        return None
+
+    def reassigned(self, node: _core.Node) -> dict[str, Any]:
+        """{state name: current value} of the buffers reassigned or written in place
+        so far (no side effects)."""
         found = {}
         for entry in self.tracked:
-            current = entry.owner._buffers.get(entry.attr)
-            if current is not entry.traced and current is not None:
+            current = self._updated(node, entry)
+            if current is not None:
                 found[entry.name] = current
         return found
 
     def collect(self, api: Any, node: _core.Node) -> None:
-        """Reassigned buffers become state updates, untouched ones constants."""
+        """Reassigned or written buffers become state updates, untouched ones constants."""
         node_info = info(node)
         for entry in self.tracked:
-            current = entry.owner._buffers.get(entry.attr)
-            if current is not entry.traced and current is not None:
+            current = self._updated(node, entry)
+            if current is not None:
                 api.update_state(node.name, {entry.name: current})
                 continue
             port = node_info.states.pop(entry.name)
             node.remove_input(port)
-            # The value the node read: an in-place write (copy_) may have
-            # changed the buffer since it was declared.
             node.bind_const(port.value, port.vid)
             entry.constant = True
 

@@ -5,7 +5,9 @@ The C handler asks classify() once per function and caches the answer; it
 calls rewrite() only for in-place ops, which are rare on the hot path.
 __setitem__ and copy_ are in-place ops of their own kind: outside a tracing
 node, a full overwrite (dst[:] = src, dst[...] = src, dst.copy_(src)) from a
-published value of the same shape and dtype adopts that value's port.
+published value of the same shape and dtype adopts that value's port.  A
+call with an out= tensor (torch.add(a, b, out=c)) is recorded like an in-place
+write into c: the op without out=, its result bound to c.
 """
 from __future__ import annotations
 
@@ -112,6 +114,11 @@ def _has_traced(obj: Any) -> bool:
 def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
     """(func, args, kwargs) to record for an in-place op, before it runs."""
     kwargs = dict(kwargs or {})
+    if isinstance(kwargs.get("out"), torch.Tensor) and functional_twin(func) is None \
+            and func is not torch.Tensor.__setitem__ and func is not torch.Tensor.copy_:
+        # torch.add(a, b, out=c): c takes the result; the core binds it to c.
+        del kwargs["out"]
+        return func, tuple(args), kwargs
     if func is torch.Tensor.__setitem__:
         return _rewrite_setitem(*args)
     if func is torch.Tensor.copy_:

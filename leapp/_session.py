@@ -213,10 +213,11 @@ class SessionAPI:
                 src_node, src_port = carrier.node, carrier.port
             elif not carrier.declared:
                 logger.warning(
-                    "Input '%s' of node '%s' was derived from node '%s' but is not one of its "
-                    "registered outputs; it becomes a graph input. Publish it with "
-                    "annotate.output_tensors('%s', ...) to wire it.", leaf.name, node.name,
-                    carrier.node.name, carrier.node.name)
+                    "%s Publish it with annotate.output_tensors('%s', ...) to wire it.",
+                    _unregistered_text(leaf.name, node.name, carrier.node.name),
+                    carrier.node.name)
+            else:
+                self._check_written_elsewhere(node, leaf.name, value, carrier)
         node_info = info(node)
         declared = node_info.declared_inputs()
         same = _alias.twin(value, declared) if src_port is None else None
@@ -235,6 +236,36 @@ class SessionAPI:
         _alias.link_declared(node, traced, [t for _, t in declared])
         node_info.declared.append((leaf.name, weakref.ref(traced)))
         return traced
+
+    def _check_written_elsewhere(self, node: _core.Node, name: str, value: Any,
+                                 carrier: Any) -> None:
+        """Warn (strict: refuse) when value is an input that another, finished node
+        declared and then wrote in place: the export would feed this node the value
+        given from outside, not the one the other node wrote."""
+        writer = carrier.node
+        ports = list(writer.inputs) + list(writer.trimmed_inputs)
+        if any(port.vid == carrier.vid for port in ports):
+            return  # declared there and never written: the same outside value
+        declared_as = next((n for n, t in info(writer).declared_inputs() if t is value), None)
+        op = next((_op_name(record[0]) for record in reversed(writer.ops)
+                   if record[3] == carrier.vid), None)
+        file, line = call_site()
+        how = f" (by '{op}', an in-place op recorded in its functional form)" if op else ""
+        as_input = f" after declaring it as its input '{declared_as}'" if declared_as else ""
+        message = (
+            f"{_unregistered_text(name, node.name, writer.name, upstream_style=True)}\n"
+            f"Node '{writer.name}' wrote tensor '{name}' in place{how}{as_input}, and node "
+            f"'{node.name}' declares it as input '{name}' at {file}:{line}: the exported "
+            f"pipeline feeds '{node.name}/{name}' the value given from outside, not the one "
+            f"'{writer.name}' wrote, so it would not compute what ran here. Fix: publish the "
+            f"written value with annotate.output_tensors('{writer.name}', {{'{name}': ...}}) "
+            f"and declare that output in '{node.name}', or clone() the input inside "
+            f"'{writer.name}' before writing to it.")
+        cfg = _Current.config
+        if cfg is not None and cfg.strict:
+            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
+                  RuntimeError)
+        logger.error("%s", message)
 
     def _check_derived(self, node: _core.Node, name: str, value: Any) -> None:
         """Warn (strict: refuse) when value was computed outside every node from an output."""
@@ -499,7 +530,7 @@ class SessionAPI:
         node_info = info(node)
         updates = dict(node_info.state_updates)
         for tracker in node_info.trackers:
-            updates.update(tracker.reassigned())
+            updates.update(tracker.reassigned(node))
         for leaf in static_leaves:
             port = node_info.states.get(leaf.name)
             if port is None or leaf.name not in updates:
@@ -661,6 +692,23 @@ class SessionAPI:
     mirror_leapp_tags = staticmethod(_mirror.mirror_leapp_tags)
     # Called as API.call_method(method, args, kwargs): the session API is its first argument.
     call_method = _method.call_method
+
+
+def _unregistered_text(name: str, node: str, src: str, upstream_style: bool = False) -> str:
+    """The message for an input derived from another node's unpublished value; the
+    upstream-style form keeps upstream's wording for the in-place case."""
+    if upstream_style:
+        return (f"Error: input '{name}' for node '{node}' was derived from node '{src}' but "
+                f"is not one of its registered outputs.\nAdd it to that node's "
+                f"output_tensors() to connect the two nodes, or ignore this if '{name}' is "
+                f"meant to enter the graph from outside.\nTreating '{name}' as a dangling "
+                f"input.")
+    return (f"Input '{name}' of node '{node}' was derived from node '{src}' but is not one "
+            f"of its registered outputs; it becomes a graph input.")
+
+
+def _op_name(func: Any) -> str:
+    return getattr(func, "__name__", None) or repr(func)
 
 
 # Instance-dict key of the C core's "computed outside every node from a

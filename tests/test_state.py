@@ -365,7 +365,9 @@ class _CopyInPlace(nn.Module):
         return y * 2.0
 
 
-def test_copy_into_buffer_is_not_a_reassignment(tmp_path):
+def test_copy_into_buffer_is_a_state_update(tmp_path):
+    """An in-place write (copy_) into a tracked buffer updates the state, as a
+    reassignment does (tests/test_mutations.py covers the other in-place forms)."""
     model = _CopyInPlace()
     leapp.start("copy_inplace", save_path=str(tmp_path))
     x = annotate.input_tensors("policy", {"obs": torch.ones(1, 2)})
@@ -373,13 +375,14 @@ def test_copy_into_buffer_is_not_a_reassignment(tmp_path):
     annotate.output_tensors("policy", {"action": model(x)}, export_with="jit")
     compile_quiet()
     doc = load_yaml(_bundle(tmp_path, "copy_inplace"), "copy_inplace")
-    assert doc["pipeline"]["feedback_flow"] == {}
-    assert [p["name"] for p in doc["models"]["policy"]["inputs"]] == ["obs"]
+    assert doc["pipeline"]["feedback_flow"] == {"policy/h": ["policy/h"]}
+    assert [p["name"] for p in doc["models"]["policy"]["inputs"]] == ["obs", "h"]
     # eager semantics kept: the buffer holds the copied value, as a plain tensor
     assert type(model.h) is torch.Tensor and torch.equal(model.h, torch.ones(1, 2))
-    # the baked constant is the value the node read (zeros), not the later copy
+    # the exported model reads the state and returns its update
     exported = torch.jit.load(os.path.join(_bundle(tmp_path, "copy_inplace"), "policy.pt"))
-    assert torch.equal(exported(torch.full((1, 2), 5.0)), torch.full((1, 2), 10.0))
+    action, h = exported(torch.full((1, 2), 5.0), torch.ones(1, 2))
+    assert torch.equal(action, torch.full((1, 2), 12.0)) and torch.equal(h, torch.full((1, 2), 6.0))
 
 
 def _assert_real_buffers(model):
