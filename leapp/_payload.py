@@ -6,7 +6,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from .semantics import TensorSemantics
+from .semantics import TensorSemantics, yaml_fields
 
 
 class Leaf:
@@ -54,7 +54,7 @@ def normalize(api: str, node: str, payload: Any) -> tuple[dict, dict[str, dict]]
                     f"TensorSemantics '{sem.name}': 'ref' must be a traceable tensor type, got "
                     f"{type(sem.ref).__name__}")
             values[sem.name] = sem.ref
-            extra = sem.yaml_fields()
+            extra = yaml_fields(sem)
             if extra:
                 fields[sem.name] = extra
         return values, fields

@@ -258,7 +258,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
         getattr(logger, level)(message)
     pipeline: dict = {}
     if graph_configs is not None:
-        pipeline["configs"] = graph_configs.to_yaml()
+        pipeline["configs"] = graph_configs.to_dict()
     pipeline["data_flow"] = built["data_flow"]
     pipeline["feedback_flow"] = built["feedback_flow"]
     initial = None if skip_export else _save_initial_values(

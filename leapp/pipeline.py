@@ -174,11 +174,14 @@ class Port:
         return _thawed(self.entry)
 
     def to_entry(self) -> dict[str, Any]:
-        """The YAML entry to write (shape and element names as flow-style lists)."""
+        """The YAML entry to write (shape and per-axis element names as flow-style lists;
+        element names of any other form are written as given, as upstream does)."""
         out = _thawed(self.entry)
         out["shape"] = tuple(self.shape)
-        if "element_names" in out:
-            out["element_names"] = _flow(out["element_names"])
+        names = out.get("element_names")
+        if isinstance(names, (list, tuple)) and all(
+                item is None or isinstance(item, (str, list, tuple)) for item in names):
+            out["element_names"] = _flow(names)
         return out
 
 

@@ -1,15 +1,30 @@
-"""Tensor semantics: TensorSemantics, the kind enums, TemporalAxis, GraphConfigs."""
+"""Tensor semantics: TensorSemantics, the kind enums, TemporalAxis, GraphConfigs.
+
+These behave as upstream leapp 0.7.2's objects do: the kind enums are plain
+enums (a member is not equal to its string value), ``TensorSemantics``
+normalises ``element_names`` on the object to one list per axis when it is
+built or updated, and both dataclasses offer ``to_dict()``.  What the YAML gets
+is :func:`yaml_fields`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+import torch
+
+from ._logging import fatal, logger
 
 TEMPORAL_AXIS = "__temporal_axis__"
 
+#: The types a TensorSemantics ``ref`` may have (traced subclasses included).
+REF_TYPES: tuple[type, ...] = (torch.Tensor, np.ndarray)
 
-class InputKindEnum(str, Enum):
-    """Semantic roles of pipeline inputs."""
+
+class InputKindEnum(Enum):
+    """Semantic roles of pipeline inputs (written to the YAML as their value)."""
 
     JOINT_POSITION = "state/joint/position"
     JOINT_VELOCITY = "state/joint/velocity"
@@ -33,8 +48,8 @@ class InputKindEnum(str, Enum):
     COMMAND_POSE = "command/body/pose"
 
 
-class OutputKindEnum(str, Enum):
-    """Semantic roles of pipeline outputs."""
+class OutputKindEnum(Enum):
+    """Semantic roles of pipeline outputs (written to the YAML as their value)."""
 
     KP = "kp"
     KD = "kd"
@@ -51,43 +66,141 @@ class OutputKindEnum(str, Enum):
 
 @dataclass(frozen=True)
 class TemporalAxis:
-    """Marks the time axis inside element_names; period_ms is the sample period."""
+    """Marks the time axis inside element_names; period_ms (> 0) is the sample period."""
 
     period_ms: float
+
+    def __post_init__(self) -> None:
+        if self.period_ms <= 0:
+            fatal(f"TemporalAxis period_ms must be positive, got {self.period_ms!r}", ValueError)
+
+
+def _reserved() -> None:
+    fatal(f"{TEMPORAL_AXIS!r} is reserved for TemporalAxis: pass TemporalAxis(period_ms=...) "
+          f"as the axis item instead", ValueError)
+
+
+def normalize_element_names(names: Any, temporal_known: bool = False) -> tuple[Any, float | None]:
+    """element_names as stored on a TensorSemantics, plus the TemporalAxis period if any.
+
+    A string or a flat list of strings names the last axis: it becomes one list
+    (``["a", "b"]`` -> ``[["a", "b"]]``).  A list holding per-axis items (a
+    list of names, None, or a TemporalAxis, which becomes the reserved marker
+    string) keeps one item per axis.  Anything else (a tuple, a dict, a list
+    with other items) is kept as given.  temporal_known: the marker string may
+    stand as an axis item, since an earlier normalisation put it there.
+    """
+    if isinstance(names, str):
+        if names != TEMPORAL_AXIS:
+            return [[names]], None
+        if not temporal_known:
+            _reserved()
+        return [names], None
+    if not isinstance(names, list):
+        return names, None
+    period = None
+    axes: list[Any] = []
+    per_axis = False
+    for item in names:
+        if isinstance(item, TemporalAxis):
+            if period is not None:
+                fatal("element_names can contain at most one TemporalAxis", ValueError)
+            period = item.period_ms
+            per_axis = True
+            axes.append(TEMPORAL_AXIS)
+        elif isinstance(item, str):
+            if item == TEMPORAL_AXIS:
+                if not temporal_known:
+                    _reserved()
+                per_axis = True
+            axes.append(item)
+        elif isinstance(item, list):
+            if any(isinstance(inner, TemporalAxis) for inner in item):
+                fatal("TemporalAxis must be an axis item, not nested in a list", ValueError)
+            if any(isinstance(inner, str) and inner == TEMPORAL_AXIS for inner in item):
+                fatal(f"{TEMPORAL_AXIS!r} must be a bare axis item, not nested in a list",
+                      ValueError)
+            per_axis = True
+            axes.append(list(item))
+        elif item is None:
+            per_axis = True
+            axes.append(None)
+        else:
+            logger.warning("element_names has mixed types, expected names or axis descriptors "
+                           "(got %s); it is kept as given", type(item).__name__)
+            return names, period
+    return (axes, period) if per_axis else ([axes], None)
 
 
 @dataclass
 class TensorSemantics:
     """A named tensor with optional semantic metadata for the pipeline YAML.
 
-    name: the port name; ref: the tensor; kind: an InputKindEnum /
-    OutputKindEnum member or a custom string; element_names: a string, a flat
-    list of strings, or one list per dimension (None entries allowed, one
-    TemporalAxis at most); extra: project fields flattened into the entry.
+    name: the port name; ref: the tensor (torch.Tensor or numpy.ndarray);
+    kind: an InputKindEnum / OutputKindEnum member or a custom value;
+    element_names: a string, a flat list of names, or one item per axis (a
+    list of names, None, or one TemporalAxis), stored normalised;
+    temporal_period_ms: set from the TemporalAxis; extra: project fields
+    flattened into the YAML entry.
     """
+
+    _INTERNAL_FIELDS: ClassVar[frozenset[str]] = frozenset({"ref", "name"})
 
     name: str | None = None
     ref: Any = None
     kind: InputKindEnum | OutputKindEnum | str | None = None
     element_names: Any = None
-    extra: dict | None = None
+    temporal_period_ms: float | None = field(default=None, init=False)
+    extra: dict[str, Any] | None = None
 
-    def yaml_fields(self) -> dict | None:
-        """The semantic fields of the YAML tensor entry, in their order."""
-        fields: dict[str, Any] = {}
-        if self.kind is not None:
-            fields["kind"] = self.kind.value if isinstance(self.kind, Enum) else str(self.kind)
+    def __post_init__(self) -> None:
+        known_period = self.temporal_period_ms
+        self.temporal_period_ms = None
+        if not isinstance(self.ref, REF_TYPES):
+            fatal(f"TensorSemantics 'ref' must be a traceable tensor type accepted types are: "
+                  f"{REF_TYPES}got {type(self.ref).__name__} (for TensorSemantics "
+                  f"{self.name!r})", TypeError)
         if self.element_names is not None:
-            names, period = normalize_element_names(self.element_names)
-            fields["element_names"] = names
-            if period is not None:
-                fields["temporal_period_ms"] = period
+            self.element_names, period = normalize_element_names(
+                self.element_names, temporal_known=known_period is not None)
+            self.temporal_period_ms = period or known_period
+
+    def to_dict(self) -> dict[str, Any]:
+        """The semantic fields that are set (kind, element_names, temporal_period_ms),
+        in that order, then the entries of extra (which win over a field of the same name)."""
+        result: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name in self._INTERNAL_FIELDS or f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is not None:
+                result[f.name] = value
         if self.extra:
-            if not isinstance(self.extra, dict):
-                raise TypeError(f"TensorSemantics '{self.name}': extra must be a dict, "
-                                f"got {type(self.extra).__name__}")
-            fields.update(self.extra)
-        return fields or None
+            result.update(self.extra)
+        return result
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        """Set semantic fields from a mapping and normalise again.
+
+        kind, element_names and extra are set as given; any other key
+        (name, ref and temporal_period_ms included) goes into extra.
+        """
+        settable = {f.name for f in fields(self) if f.init} - self._INTERNAL_FIELDS
+        for key, value in values.items():
+            if key in settable:
+                setattr(self, key, value)
+            else:
+                if self.extra is None:
+                    self.extra = {}
+                self.extra[key] = value
+        self.__post_init__()
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively (the YAML form of a tuple given as element_names)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _flow(value: Any) -> Any:
@@ -97,56 +210,67 @@ def _flow(value: Any) -> Any:
     return value
 
 
-def normalize_element_names(names: Any) -> tuple[tuple, float | None]:
-    """element_names as one flow list per axis, plus the temporal period if any."""
-    if isinstance(names, str):
-        if names == TEMPORAL_AXIS:
-            raise ValueError(f"'{TEMPORAL_AXIS}' is reserved for TemporalAxis")
-        return ((names,),), None
-    if not isinstance(names, (list, tuple)):
-        raise TypeError(f"element_names must be a str or a list, got {type(names).__name__}")
-    items = list(names)
-    if all(isinstance(n, str) for n in items):
-        if TEMPORAL_AXIS in items:
-            raise ValueError(f"'{TEMPORAL_AXIS}' is reserved for TemporalAxis")
-        return (tuple(items),), None
-    period = None
-    axes: list[Any] = []
-    for item in items:
-        if isinstance(item, TemporalAxis):
-            if period is not None:
-                raise ValueError("element_names may contain at most one TemporalAxis")
-            period = item.period_ms
-            axes.append(TEMPORAL_AXIS)
-        elif isinstance(item, (list, tuple)):
-            for inner in item:
-                if isinstance(inner, TemporalAxis):
-                    raise ValueError("TemporalAxis may not be nested inside an element_names list")
-                if inner == TEMPORAL_AXIS:
-                    raise ValueError(f"'{TEMPORAL_AXIS}' is reserved for TemporalAxis")
-            axes.append(_flow(item))
-        elif item is None or isinstance(item, str):
-            if item == TEMPORAL_AXIS:
-                raise ValueError(f"'{TEMPORAL_AXIS}' is reserved for TemporalAxis")
-            axes.append(item)
+def _copied(value: Any) -> Any:
+    """value with its lists and dicts copied (the YAML fields never alias the caller's)."""
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return value
+
+
+def is_axis_list(value: Any) -> bool:
+    """Whether element_names has the normalised shape written in flow style: a list
+    whose items are names, None or lists (one per axis)."""
+    return isinstance(value, (list, tuple)) and all(
+        item is None or isinstance(item, (str, list, tuple)) for item in value)
+
+
+def yaml_fields(semantics: TensorSemantics) -> dict | None:
+    """The semantic fields of semantics' YAML tensor entry, in their order (None: none).
+
+    Enum values are written as their value.  Normalised element_names are flow
+    lists (tuples here); element_names given as tuples are written as lists
+    would be; other forms are written as given.
+    """
+    out = semantics.to_dict()
+    names = semantics.element_names
+    if isinstance(names, tuple) or (isinstance(names, list) and any(
+            isinstance(item, tuple) for item in names)):
+        plain, period = normalize_element_names(_plain(names),
+                                                semantics.temporal_period_ms is not None)
+        given, out = out, {}
+        for key, value in given.items():
+            out[key] = plain if key == "element_names" else value
+            if key == "element_names" and period is not None:
+                out.setdefault("temporal_period_ms", period)
+    for key, value in out.items():
+        if hasattr(value, "value"):
+            out[key] = value.value
+        elif key == "element_names" and is_axis_list(value):
+            out[key] = _flow(value)
         else:
-            raise TypeError(f"element_names entries must be lists, str, None or TemporalAxis, "
-                            f"got {type(item).__name__}")
-    return tuple(axes), period
+            out[key] = _copied(value)
+    return out or None
 
 
 @dataclass
 class GraphConfigs:
-    """Pipeline-level settings written to pipeline.configs (frequency in Hz > 0)."""
+    """Pipeline-level settings written to pipeline.configs (frequency in Hz, > 0)."""
 
     frequency: float | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] | None = None
 
-    def to_yaml(self) -> dict:
-        out: dict[str, Any] = {}
+    def __post_init__(self) -> None:
+        if self.frequency is not None and self.frequency <= 0:
+            fatal(f"GraphConfigs frequency must be positive when provided, got "
+                  f"{self.frequency!r}", ValueError)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, then the entries of extra (which win over a field)."""
+        result: dict[str, Any] = {}
         if self.frequency is not None:
-            if not isinstance(self.frequency, (int, float)) or self.frequency <= 0:
-                raise ValueError(f"GraphConfigs.frequency must be > 0, got {self.frequency!r}")
-            out["frequency"] = self.frequency
-        out.update(self.extra or {})
-        return out
+            result["frequency"] = self.frequency
+        if self.extra:
+            result.update(self.extra)
+        return result

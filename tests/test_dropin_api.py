@@ -68,7 +68,8 @@ def test_isaac_lab_import_line():
     from leapp.utils.tensor_description import TensorSemantics
     assert TensorSemantics is leapp.TensorSemantics
     semantics = TensorSemantics("obs", torch.zeros(2), kind=leapp.InputKindEnum.JOINT_POSITION)
-    assert semantics.yaml_fields()["kind"] == "state/joint/position"
+    assert semantics.to_dict()["kind"] is leapp.InputKindEnum.JOINT_POSITION
+    assert leapp.semantics.yaml_fields(semantics)["kind"] == "state/joint/position"
 
 
 def test_upstream_all_is_importable():

@@ -16,6 +16,7 @@ from support import ROOT, upstream_python
 # script (relative to the repository) -> graph name; each takes a save path.
 PIPELINES = {
     "tests/pipelines/chain_semantics.py": "chain_semantics",
+    "tests/pipelines/semantics_forms.py": "semantics_forms",
     "examples/complete_pipeline.py": "complete_pipeline",
     "examples/feedback_example.py": "sample_feedback_graph",
 }
