@@ -426,8 +426,12 @@ class InferenceManager:
                 inputs = dict(inputs)
             if not inputs.keys() >= watch:
                 self._missing_inputs(inputs)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: a third of the cost on CPython 3.11
+        try:
             return self._program.run(inputs)
+        finally:
+            lock.release()
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Same as :meth:`run_policy`."""
