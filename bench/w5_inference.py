@@ -23,6 +23,17 @@ interleaved and the overhead is the median of the paired differences:
   timed alone in its own loop (hot caches: flatters the models);
 * ``overhead_min_us``: fastest batches compared (interference only adds time).
 
+Ours only (skipped under upstream): what ``run_policy``'s thread lock and
+missing-input check add to a call straight into the C step program
+(``manager._program.run`` through a function shaped like ``run_policy`` before
+them: the "before" of that change, measured in the same run):
+
+* ``step_guard_ratio``: run_policy / before on the real step, median of
+  per-batch ratios (the step's own noise dominates on a busy machine);
+* ``guard_us``: run_policy minus before with the step replaced by a no-op C
+  call, so that only the guard is timed (paired median); ``guard_min_us`` the
+  same from the fastest batches (interference only adds time).
+
 It prints one JSON line.
 """
 from __future__ import annotations
@@ -175,7 +186,36 @@ def measure(yaml_path: str, nodes: list, calls: int, repeats: int) -> dict:
             "overhead_vs_forward_us": round(statistics.median(fdiffs), 3),
             "overhead_vs_separate_us": round(statistics.median(run) - statistics.median(separate), 3),
             # interference only ever adds time: the best batches are a second view
-            "overhead_min_us": round(min(run) - min(direct), 3)}
+            "overhead_min_us": round(min(run) - min(direct), 3),
+            **guard_cost(manager, inputs, calls, repeats)}
+
+
+def guard_cost(manager, inputs: dict, calls: int, repeats: int) -> dict:
+    """run_policy (lock, missing-input check) against the bare C step; ours only."""
+    program = getattr(manager, "_program", None)
+    if program is None:
+        return {}
+
+    def unguarded(self, inputs):  # run_policy as it was: a method straight into C
+        return self._program.run(inputs)
+
+    def pairs(calls: int) -> tuple[list[float], list[float]]:
+        run, bare = [], []
+        for _ in range(repeats):  # interleaved, as above
+            run.append(median_us(lambda: manager.run_policy(inputs), calls, 1))
+            bare.append(median_us(lambda: unguarded(manager, inputs), calls, 1))
+        return run, bare
+
+    run, bare = pairs(calls)
+    ratio = statistics.median([r / b for r, b in zip(run, bare)])
+    manager._program = type("NoStep", (), {"run": staticmethod(len)})()
+    try:
+        run, bare = pairs(calls * 50)
+    finally:
+        manager._program = program
+    return {"guard_us": round(statistics.median([r - b for r, b in zip(run, bare)]), 3),
+            "guard_min_us": round(min(run) - min(bare), 3),
+            "step_guard_ratio": round(ratio, 4)}
 
 
 def main() -> None:
@@ -205,6 +245,10 @@ def main() -> None:
         figures[f"{name}_overhead_per_node_us"] = round(per_node, 3)
         figures[f"{name}_run_policy_us"] = measured["run_policy_us"]
         budgets[f"{name}_overhead_per_node_us"] = {"max": 3.0, "max_ratio": 0.2}
+        if "guard_us" in measured:
+            figures[f"{name}_guard_us"] = measured["guard_us"]
+            figures[f"{name}_guard_min_us"] = measured["guard_min_us"]
+            figures[f"{name}_step_guard_ratio"] = measured["step_guard_ratio"]
     emit("W5", "run_policy overhead beyond the node models' own calls", figures, budgets,
          info={"calls": calls, "repeats": repeats, "detail": {k: result[k] for k in
                                                              ("w1", "chain10")}})

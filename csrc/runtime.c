@@ -8,8 +8,10 @@
  * does the per-step work without touching Python dicts per node:
  *
  *   1. validate every entry of `inputs` ("node/input" -> tensor) against the
- *      precomputed shape tuple and dtype object of its slot, then store
- *      the tensors by reference;
+ *      precomputed shape tuple and dtype object of its slot (a value that
+ *      does not fit is first offered to the optional `convert` hook, which
+ *      turns a NumPy array into a tensor), then store the values by
+ *      reference;
  *   2. for each node: call it with its slot values, unwrap a single output,
  *      check the output count, store each output into its first
  *      destination (the tensor itself) and a `clone()` into every further
@@ -49,6 +51,8 @@ typedef struct {
     PyObject *shapes;        /* tuple: expected shape tuple per slot, or None */
     PyObject *dtypes;        /* tuple: expected dtype per slot, or None */
     PyObject *graph_inputs;  /* list[str]: the graph inputs, for errors */
+    PyObject *convert;       /* (key, value) -> value, for values that do not fit;
+                                or None */
 } ProgramObject;
 
 /* ---- construction helpers -------------------------------------------- */
@@ -263,6 +267,7 @@ program_traverse(ProgramObject *self, visitproc visit, void *arg)
     Py_VISIT(self->shapes);
     Py_VISIT(self->dtypes);
     Py_VISIT(self->graph_inputs);
+    Py_VISIT(self->convert);
     return 0;
 }
 
@@ -291,6 +296,7 @@ program_clear(ProgramObject *self)
     Py_CLEAR(self->shapes);
     Py_CLEAR(self->dtypes);
     Py_CLEAR(self->graph_inputs);
+    Py_CLEAR(self->convert);
     return 0;
 }
 
@@ -316,7 +322,7 @@ program_dealloc(ProgramObject *self)
 }
 
 /* Program(names, calls, inputs, noutputs, dests, results, commits,
- *         input_index, slot_keys, shapes, dtypes, graph_inputs)
+ *         input_index, slot_keys, shapes, dtypes, graph_inputs, convert=None)
  *
  *   names        node names in run order (for errors)
  *   calls        one callable per node, run order
@@ -331,25 +337,32 @@ program_dealloc(ProgramObject *self)
  *   shapes       per slot: the expected shape tuple, or None (no check)
  *   dtypes       per slot: the expected dtype object, or None (no check)
  *   graph_inputs the graph input keys, listed in unknown-key errors
+ *   convert      None, or convert(key, value) -> value, called by run() for
+ *                an input value that does not fit its slot; what it returns
+ *                is checked again (returning value unchanged keeps the error)
  */
 static PyObject *
 program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
                       "results", "commits", "input_index", "slot_keys",
-                      "shapes", "dtypes", "graph_inputs", NULL};
+                      "shapes", "dtypes", "graph_inputs", "convert", NULL};
     PyObject *names, *calls, *inputs, *noutputs, *dests, *results, *commits;
-    PyObject *index, *keys, *shapes, *dtypes, *ginputs;
+    PyObject *index, *keys, *shapes, *dtypes, *ginputs, *convert = Py_None;
     PyObject *seq = NULL, *counts = NULL;
     ProgramObject *self = NULL;
     PyObject *result = NULL;
     Py_ssize_t i, n, total, pos = 0;
     PyObject *k, *v; /* borrowed from self->input_index */
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO:Program", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO|O:Program", kwlist,
                                      &names, &calls, &inputs, &noutputs, &dests,
                                      &results, &commits, &PyDict_Type, &index,
-                                     &keys, &shapes, &dtypes, &ginputs)) {
+                                     &keys, &shapes, &dtypes, &ginputs, &convert)) {
+        goto error;
+    }
+    if (convert != Py_None && !PyCallable_Check(convert)) {
+        PyErr_Format(PyExc_TypeError, "convert must be callable or None, got %R", convert);
         goto error;
     }
     self = (ProgramObject *)type->tp_alloc(type, 0);
@@ -357,6 +370,7 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto error;
     }
     /* tp_alloc zeroed every field: the error path frees partial state. */
+    self->convert = Py_NewRef(convert);
     self->slot_keys = tuple_of(keys, -1, "slot_keys");
     if (self->slot_keys == NULL) {
         goto error;
@@ -544,43 +558,64 @@ done:
     Py_XDECREF(got);
 }
 
-/* 0 when value fits slot s, -1 with an exception otherwise. */
+/* 1 when value fits slot s, 0 when it does not (no exception set), -1 with
+ * an exception when the comparison itself failed. */
 static int
-check_input(ProgramObject *self, leapp_state *st, Py_ssize_t s, PyObject *key,
-            PyObject *value)
+fits_slot(ProgramObject *self, leapp_state *st, Py_ssize_t s, PyObject *value)
 {
     PyObject *want_shape = PyTuple_GET_ITEM(self->shapes, s); /* borrowed */
     PyObject *want_dtype = PyTuple_GET_ITEM(self->dtypes, s); /* borrowed */
     PyObject *attr = NULL;
-    int rc = -1, eq;
+    int rc = 0;
     if (want_dtype != Py_None) {
         attr = PyObject_GetAttr(value, st->str_dtype);
         if (attr == NULL || attr != want_dtype) {
-            goto mismatch;
+            PyErr_Clear();
+            goto done;
         }
         Py_CLEAR(attr);
     }
     if (want_shape != Py_None) {
         attr = PyObject_GetAttr(value, st->str_shape);
         if (attr == NULL) {
-            goto mismatch;
-        }
-        eq = PyObject_RichCompareBool(attr, want_shape, Py_EQ);
-        if (eq < 0) {
+            PyErr_Clear();
             goto done;
         }
-        if (!eq) {
-            goto mismatch;
-        }
+        rc = PyObject_RichCompareBool(attr, want_shape, Py_EQ);
+        goto done;
     }
-    rc = 0;
-    goto done;
-mismatch:
-    PyErr_Clear();
-    input_mismatch(self, st, s, key, value);
+    rc = 1;
 done:
     Py_XDECREF(attr);
     return rc;
+}
+
+/* A new reference to what slot s stores for key: value itself when it
+ * fits, else what the convert hook makes of it, checked again.  NULL with
+ * an exception (the mismatch error) when neither fits. */
+static PyObject *
+fitted_input(ProgramObject *self, leapp_state *st, Py_ssize_t s, PyObject *key,
+             PyObject *value)
+{
+    PyObject *converted = NULL, *result = NULL;
+    int fits = fits_slot(self, st, s, value);
+    if (fits == 0 && self->convert != Py_None) {
+        converted = PyObject_CallFunctionObjArgs(self->convert, key, value, NULL);
+        if (converted == NULL) {
+            goto done;
+        }
+        value = converted; /* borrowed from converted from here on */
+        fits = fits_slot(self, st, s, value);
+    }
+    if (fits > 0) {
+        result = Py_NewRef(value);
+    }
+    else if (fits == 0) {
+        input_mismatch(self, st, s, key, value);
+    }
+done:
+    Py_XDECREF(converted);
+    return result;
 }
 
 /* Raise the error for a key run() does not know. */
@@ -627,22 +662,28 @@ input_slot(ProgramObject *self, PyObject *key)
 }
 
 /* Store the validated entries of inputs into their slots.  Every entry is
- * checked before any slot changes, so a bad input leaves the state as is.
- * inputs must be a dict only this call holds: check_input runs Python code
- * (attribute lookups, shape comparison) while key and value are borrowed
- * from it. */
+ * checked (and converted, replacing its value in inputs: the keys stay) before
+ * any slot changes, so a bad input leaves the state as is.  inputs must be a
+ * dict only this call holds: fitted_input runs Python code (attribute lookups,
+ * shape comparison, the convert hook) while key and value are borrowed from it. */
 static int
 load_inputs(ProgramObject *self, leapp_state *st, PyObject *inputs)
 {
     Py_ssize_t pos = 0;
     PyObject *key, *value; /* borrowed from inputs */
+    PyObject *fitted = NULL;
     Py_ssize_t s;
     int rc = -1;
     while (PyDict_Next(inputs, &pos, &key, &value)) {
         s = input_slot(self, key);
-        if (s < 0 || check_input(self, st, s, key, value) < 0) {
+        if (s < 0 || (fitted = fitted_input(self, st, s, key, value)) == NULL) {
             goto done;
         }
+        /* replacing the value of a present key is allowed while iterating */
+        if (fitted != value && PyDict_SetItem(inputs, key, fitted) < 0) {
+            goto done;
+        }
+        Py_CLEAR(fitted);
     }
     pos = 0;
     while (PyDict_Next(inputs, &pos, &key, &value)) {
@@ -654,6 +695,7 @@ load_inputs(ProgramObject *self, leapp_state *st, PyObject *inputs)
     }
     rc = 0;
 done:
+    Py_XDECREF(fitted);
     return rc;
 }
 
@@ -911,7 +953,7 @@ static PyGetSetDef program_getset[] = {
 
 PyDoc_STRVAR(program_doc,
 "Program(names, calls, inputs, noutputs, dests, results, commits, input_index,\n"
-"        slot_keys, shapes, dtypes, graph_inputs)\n\n"
+"        slot_keys, shapes, dtypes, graph_inputs, convert=None)\n\n"
 "The per-step routing loop of InferenceManager, resolved into integer slots.");
 
 static PyType_Slot program_slots[] = {

@@ -125,7 +125,8 @@ class Program:
                 dests: Sequence[Sequence[int]], results: Sequence[tuple[str, int]],
                 commits: Sequence[tuple[int, int]], input_index: dict[str, int],
                 slot_keys: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
-                dtypes: Sequence[torch.dtype | None], graph_inputs: Sequence[str]) -> Program: ...
+                dtypes: Sequence[torch.dtype | None], graph_inputs: Sequence[str],
+                convert: Callable[[str, Any], Any] | None = None) -> Program: ...
     @property
     def nslots(self) -> int: ...
     @property

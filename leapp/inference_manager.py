@@ -14,18 +14,27 @@ must lie inside the bundle directory (unless ``allow_external_paths=True``)
 and be a regular file, the YAML is parsed with anchors and aliases refused and
 its size bounded, and every field is type-checked before anything is
 allocated.  See ``docs/safety.md``.
+
+Inputs and threads (``docs/api.md``, "InferenceManager"): a graph input left out
+of ``run_policy`` keeps its current value as upstream does (zeros, then the last
+value given) and is warned about once per input, or refused under
+``strict=True``; a NumPy array is accepted as a tensor (shared, not copied,
+when it can be); one lock makes each step atomic, so a manager can be shared by
+threads.
 """
 from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
 
 from leapp import _core
-from leapp._logging import fatal, reject
+from leapp._logging import fatal, logger, reject
 from leapp._safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
 from leapp.backends.load import load_node
 from leapp.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key
@@ -92,12 +101,14 @@ NodeManager = InferenceNode
 class _SlotView(MutableMapping):
     """A live ``{name: tensor}`` view over some slots of the program."""
 
-    __slots__ = ("_program", "_index", "_owner")
+    __slots__ = ("_program", "_index", "_owner", "_lock")
 
-    def __init__(self, program: Any, index: dict[str, int], owner: str) -> None:
+    def __init__(self, program: Any, index: dict[str, int], owner: str,
+                 lock: threading.Lock) -> None:
         self._program = program
         self._index = index
         self._owner = owner
+        self._lock = lock
 
     def _slot(self, key: str) -> int:
         try:
@@ -110,7 +121,9 @@ class _SlotView(MutableMapping):
         return self._program.get(self._slot(key))
 
     def __setitem__(self, key: str, value: torch.Tensor) -> None:
-        self._program.set(self._slot(key), value)
+        slot = self._slot(key)
+        with self._lock:  # never in the middle of a step
+            self._program.set(slot, value)
 
     def __delitem__(self, key: str) -> None:
         raise TypeError("pipeline buffers cannot be removed")
@@ -135,6 +148,18 @@ class InferenceManager:
             absolute or resolve (after following symlinks) outside the YAML's
             directory.  Off by default: a bundle is self-contained, and a path
             leaving it is refused.  Turn it on only for bundles you trust.
+        strict: refuse a ``run_policy`` call that leaves out a graph input
+            (``KeyError`` naming it) instead of reusing the input's current
+            value with a one-time warning.  An input given a value with
+            ``set_input_value`` may be left out either way.  (Upstream's
+            ``InferenceManager`` has no such parameter; it reuses silently.)
+
+    Thread safety: one manager may be shared by threads.  ``run_policy``,
+    ``set_input_value`` and ``reset`` hold one lock, so each step runs whole,
+    alone, and every caller gets the outputs of its own inputs; calls are
+    serialised, not parallel (one manager per thread runs them in parallel).
+    A pipeline with feedback keeps one state, advanced by every call in the
+    order the calls take the lock: give each robot or episode its own manager.
 
     Raises:
         FileNotFoundError: the YAML, a model or the initial-values file is missing.
@@ -146,7 +171,8 @@ class InferenceManager:
             ``leapp._safe_load.BundleError``, a ValueError.
     """
 
-    def __init__(self, yaml_path: str, allow_external_paths: bool = False) -> None:
+    def __init__(self, yaml_path: str, allow_external_paths: bool = False, *,
+                 strict: bool = False) -> None:
         yaml_path = os.fspath(yaml_path)
         if not os.path.exists(yaml_path):
             fatal(f"Leapp description file not found at {clip(yaml_path)}", FileNotFoundError)
@@ -155,10 +181,17 @@ class InferenceManager:
         self.model_path = yaml_path
         self._yaml_dir = os.path.dirname(os.path.abspath(yaml_path))
         self._allow_external_paths = bool(allow_external_paths)
+        self._strict = bool(strict)
+        # held for a whole step: the C program's slots are shared, and the
+        # node calls release the GIL inside torch and onnxruntime
+        self._lock = threading.Lock()
         self._load_description()
         self.nodes: dict[str, InferenceNode] = {
             name: InferenceNode(name, spec, self._yaml_dir, self._allow_external_paths)
             for name, spec in self.graph.nodes.items()}
+        #: graph inputs whose absence run_policy still reports: not warned
+        #: about yet (or ``strict``) and not set with set_input_value
+        self._watch: frozenset[str] = frozenset(self.graph.input_keys())
         self._build()
         self._load_initial_values()
         self._apply_initial_values()
@@ -247,6 +280,9 @@ class InferenceManager:
                 dests.append(slots)
 
         input_index = {f"{n}/{p}": s for (n, p), s in self._slot_of.items() if n != OUTPUT_KEY}
+        self._input_device: dict[str, torch.device] = {
+            f"{n}/{p}": torch.device(nodes[n].device)
+            for (n, p) in self._slot_of if n != OUTPUT_KEY}
         self._program = _core.Program(
             names=order,
             calls=[nodes[n].call for n in order],
@@ -260,6 +296,7 @@ class InferenceManager:
             shapes=shapes,
             dtypes=dtypes,
             graph_inputs=graph.input_keys(),
+            convert=self._convert_input,
         )
         self._fill_zeros()
 
@@ -268,7 +305,8 @@ class InferenceManager:
         for (node, port), slot in self._slot_of.items():
             views[node][port] = slot
         self.value_dict: dict[str, _SlotView] = {
-            node: _SlotView(self._program, index, node) for node, index in views.items()}
+            node: _SlotView(self._program, index, node, self._lock)
+            for node, index in views.items()}
 
     def _load_initial_values(self) -> None:
         self._initial: list[tuple[int, torch.Tensor]] = []
@@ -314,8 +352,14 @@ class InferenceManager:
     # ---- state ------------------------------------------------------------
 
     def _fill_zeros(self) -> None:
+        graph_inputs = {self._slot_of[key] for key in self.graph.inputs}
+        #: the zero tensors the graph inputs hold until a value is given
+        self._fresh: dict[int, torch.Tensor] = {}
         for slot, shape, dtype, device in self._zeros:
-            self._program.set(slot, torch.zeros(shape, dtype=dtype, device=device))
+            zeros = torch.zeros(shape, dtype=dtype, device=device)
+            self._program.set(slot, zeros)
+            if slot in graph_inputs:
+                self._fresh[slot] = zeros
 
     def _apply_initial_values(self) -> None:
         for slot, tensor in self._initial:
@@ -327,11 +371,18 @@ class InferenceManager:
         Buffers are replaced by fresh zero tensors, so tensors handed out by
         earlier ``run_policy`` calls keep their values.
         """
-        self._fill_zeros()
-        self._apply_initial_values()
+        with self._lock:
+            self._fill_zeros()
+            self._apply_initial_values()
 
     def set_input_value(self, node_name: str, input_name: str, value: torch.Tensor) -> None:
-        """Copy ``value`` into the buffer of ``node_name/input_name`` (in place)."""
+        """Copy ``value`` into the buffer of ``node_name/input_name`` (in place).
+
+        The input keeps that value until a ``run_policy`` call gives another,
+        so a graph input set this way may be left out of ``run_policy`` (no
+        warning, and allowed under ``strict=True``).  ``value`` may be a
+        tensor or a NumPy array.
+        """
         if node_name not in self.nodes:
             fatal(f"Node '{node_name}' not found. Available nodes: {list(self.nodes)}",
                   KeyError)
@@ -339,12 +390,16 @@ class InferenceManager:
         if input_name not in node.input_names:
             fatal(f"Input '{input_name}' not found in node '{node_name}'. "
                   f"Available inputs: {node.input_names}", KeyError)
-        buffer = self._program.get(self._slot_of[(node_name, input_name)])
-        if tuple(value.shape) != tuple(buffer.shape):
-            reject(f"Shape mismatch for input '{node_name}/{input_name}': expected "
-                   f"{tuple(buffer.shape)}, got {tuple(value.shape)}")
-        with torch.no_grad():
-            buffer.copy_(value)
+        key = join_key(node_name, input_name)
+        value = self._convert_input(key, value)
+        with self._lock:
+            buffer = self._program.get(self._slot_of[(node_name, input_name)])
+            if tuple(value.shape) != tuple(buffer.shape):
+                reject(f"Shape mismatch for input '{key}': expected "
+                       f"{tuple(buffer.shape)}, got {tuple(value.shape)}")
+            with torch.no_grad():
+                buffer.copy_(value)
+            self._watch = self._watch - {key}
 
     # ---- running ----------------------------------------------------------
 
@@ -353,16 +408,87 @@ class InferenceManager:
 
         Args:
             inputs: tensors keyed ``"node_name/input_name"``; each must have the
-                declared shape and dtype.  Inputs left out keep their last value.
+                declared shape and dtype.  A NumPy array is taken as the tensor
+                ``torch.from_numpy`` makes of it (sharing its memory; a
+                read-only array is copied) and checked the same way.  A graph
+                input left out keeps its current value (zeros until one is
+                given, then the last one): warned about once per input, or a
+                ``KeyError`` when the manager is ``strict``.
 
         Returns:
             A new dict ``{"node_name/output_name": tensor}`` of the graph outputs.
+
+        Safe to call from several threads: each call runs its step alone.
         """
-        return self._program.run(inputs)
+        watch = self._watch
+        if watch:
+            if type(inputs) is not dict:
+                inputs = dict(inputs)
+            if not inputs.keys() >= watch:
+                self._missing_inputs(inputs)
+        lock = self._lock
+        lock.acquire()  # not `with`: a third of the cost on CPython 3.11
+        try:
+            return self._program.run(inputs)
+        finally:
+            lock.release()
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Same as :meth:`run_policy`."""
-        return self._program.run(inputs)
+        return self.run_policy(inputs)
+
+    def _missing_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """Warn once about (or, when strict, refuse) the watched graph inputs not given."""
+        with self._lock:
+            missing = [(node, name) for node, name in self.graph.inputs
+                       if join_key(node, name) in self._watch
+                       and join_key(node, name) not in inputs]
+            if not missing:  # another thread warned meanwhile
+                return
+            keys = [join_key(node, name) for node, name in missing]
+            if self._strict:
+                node, name = missing[0]
+                fatal(f"run_policy: graph input{'s' if len(keys) > 1 else ''} "
+                      f"{', '.join(repr(k) for k in keys)} not given, and this "
+                      "InferenceManager is strict=True, which refuses a missing input "
+                      "instead of reusing its current value. Pass every graph input on "
+                      f"every call ({self.graph.input_keys()}), or give one a value that "
+                      f"stays with set_input_value('{node}', '{name}', value).", KeyError)
+            self._watch = self._watch - set(keys)
+            for (node, name), key in zip(missing, keys):
+                slot = self._slot_of[(node, name)]
+                now = ("zeros, as no value was given yet"
+                       if self._program.get(slot) is self._fresh.get(slot)
+                       else "the last value given")
+                logger.warning(
+                    f"run_policy: graph input '{key}' was not given; this step uses {now}, "
+                    "and later calls without it reuse its last value. Pass it on every "
+                    f"call, or set it once with set_input_value('{node}', '{name}', value); "
+                    "InferenceManager(..., strict=True) refuses a missing input. "
+                    "(Warned once per input.)")
+
+    def _convert_input(self, key: str, value: Any) -> Any:
+        """The tensor a NumPy array stands for (on the input's device); anything else as is.
+
+        Called by the C program only for a value that does not fit its slot, and
+        by set_input_value.  The array's memory is shared when torch can view it
+        (writable, native byte order, no negative strides); otherwise it is copied.
+        """
+        np = sys.modules.get("numpy")
+        if np is None or not isinstance(value, np.ndarray):
+            return value
+        if (not value.flags.writeable or not value.dtype.isnative
+                or any(stride < 0 for stride in value.strides)):
+            value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
+        try:
+            tensor = torch.from_numpy(value)
+        except TypeError:
+            fatal(f"Input '{key}' is a NumPy array of dtype {value.dtype}, which torch "
+                  "cannot hold; pass a numeric array or a tensor", TypeError)
+        device = self._input_device.get(key)
+        if device is not None and tensor.device != device:
+            tensor = tensor.to(device)
+        return tensor
 
     def get_mock_input(self) -> dict[str, torch.Tensor]:
         """Random tensors for every graph input, with its shape, dtype and device."""

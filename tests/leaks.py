@@ -117,7 +117,8 @@ def annotations():
 @scenario
 def program_run():
     """InferenceManager.run_policy (Program.run) on bundles with feedback and state,
-    jit and onnx, and its error path (an input of the wrong shape)."""
+    jit and onnx, NumPy inputs (the convert hook), and its error paths (an input
+    of the wrong shape; a NumPy array of the wrong dtype)."""
     import torch
 
     from leapp import _core
@@ -132,18 +133,25 @@ def program_run():
             for port in ports:
                 shape = item.input_shapes[item.input_names.index(port)]
                 inputs[f"{node}/{port}"] = torch.randn(*shape)
-        runs.append((manager, inputs, {key: torch.zeros(7) for key in inputs}))
+        runs.append((manager, inputs, {key: torch.zeros(7) for key in inputs},
+                     {key: value.clone().numpy() for key, value in inputs.items()},
+                     {key: value.double().numpy() for key, value in inputs.items()}))
 
     def step(keep):
-        for manager, inputs, wrong in runs:
+        for manager, inputs, wrong, arrays, wrong_arrays in runs:
             keep(manager.run_policy(inputs))
             try:
                 manager.run_policy(wrong)
             except ValueError:
                 pass
+            manager.run_policy(arrays)
+            try:
+                manager.run_policy(wrong_arrays)
+            except TypeError:
+                pass
 
     probes = dict(_leapp_probes(), Program=_core.Program)
-    for manager, inputs, _ in runs:
+    for manager, inputs, *_ in runs:
         probes.update({f"input {key}": value for key, value in inputs.items()})
     return step, probes
 
