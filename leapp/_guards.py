@@ -85,7 +85,10 @@ def _site() -> tuple[str, int] | None:
     is in leapp) or torch's printing of a tensor (repr, format): neither
     decides what the graph computes.
     """
-    frame = sys._getframe(2)
+    try:
+        frame: Any = sys._getframe(2)  # _site <- on_conversion <- the converting code
+    except ValueError:
+        return None
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_TORCH_DIR):
