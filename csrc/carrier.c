@@ -85,6 +85,8 @@ static PyMemberDef carrier_members[] = {
     {"node", T_OBJECT, offsetof(CarrierObject, node), READONLY, "Owning node."},
     {"vid", T_PYSSIZET, offsetof(CarrierObject, vid), 0, "Value id inside the node."},
     {"declared", T_INT, offsetof(CarrierObject, declared), 0, "Entered as a node input."},
+    {"dynamic", T_INT, offsetof(CarrierObject, dynamic), 0,
+     "Its shape depends on values (a nonzero, unique or boolean-mask result)."},
     {NULL},
 };
 
@@ -282,6 +284,7 @@ carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t 
     c->group = NULL;
     c->vid = vid;
     c->declared = declared;
+    c->dynamic = 0;
     PyObject_GC_Track(c);
     if (dictptr == NULL) {
         rc = PyObject_SetAttr(obj, st->str_carrier, (PyObject *)c);

@@ -44,7 +44,14 @@ enum {
     OP_OVERWRITE = 4,  /* __setitem__ / copy_: in place; a full overwrite from a
                         * published value adopts its provenance */
     OP_VIEW = 5,       /* may return a view sharing the argument's storage */
+    OP_CONVERSION = 6, /* a traced value read into Python (bool, int, float,
+                        * index, complex, item, tolist): a guard */
+    OP_SIZE = 7,       /* a size read (numel, size, shape, len): a guard only
+                        * when the receiver's shape is data-dependent */
+    OP_DYNAMIC = 8,    /* its results' shapes depend on values (nonzero,
+                        * unique, masked_select, ...) */
 };
+#define OP_LAST OP_DYNAMIC
 
 typedef struct {
     /* Types created at module init. */
@@ -65,6 +72,11 @@ typedef struct {
     PyObject *session_api;    /* facade object with the traced slow paths */
     PyObject *alias_link;     /* (src, result) -> None: join result to src's alias group */
     PyObject *alias_write;    /* (receiver, func) -> None: an in-place write reached aliases */
+    PyObject *guard;          /* (node, func, receiver, value) -> None: a traced value was
+                               * read into Python (leapp._guards); may raise */
+    PyObject *getitem;        /* torch.Tensor.__getitem__: a boolean-mask key gives a
+                               * data-dependent shape */
+    PyObject *bool_dtype;     /* torch.bool */
 
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */
@@ -148,6 +160,7 @@ typedef struct {
     Py_ssize_t vid;        /* value id in node->ops */
     PyObject *group;       /* alias group (tensors sharing storage), or NULL */
     int declared;          /* entered through a declaration (an input) */
+    int dynamic;           /* its shape depends on values (nonzero, a mask, ...) */
 } CarrierObject;
 
 int carrier_init(PyObject *module, leapp_state *st);

@@ -5,6 +5,7 @@
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
+    X(guard) X(getitem) X(bool_dtype) \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(str_out) X(nodes) X(promoted)
 
@@ -241,6 +242,7 @@ module_add_constants(PyObject *module)
     } constants[] = {
         {"OP_PLAIN", OP_PLAIN}, {"OP_INPLACE", OP_INPLACE}, {"OP_COPY", OP_COPY},
         {"OP_TO", OP_TO}, {"OP_OVERWRITE", OP_OVERWRITE}, {"OP_VIEW", OP_VIEW},
+        {"OP_CONVERSION", OP_CONVERSION}, {"OP_SIZE", OP_SIZE}, {"OP_DYNAMIC", OP_DYNAMIC},
         {"REF_VALUE", REF_VALUE}, {"REF_CONST", REF_CONST},
     };
     int rc = 0;

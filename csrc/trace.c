@@ -16,6 +16,7 @@ typedef struct {
     PyObject *func;           /* borrowed */
     NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
     CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
+    int dynamic;              /* a value of the tracing node with a data-dependent shape */
 } walk;
 
 /* Upstream's message (the two node names as a sorted set), then which op
@@ -87,6 +88,7 @@ template_of(walk *w, PyObject *obj)
             return NULL;
         }
         assert(c->vid >= 0 && c->vid < w->active->nvalues); /* a value the node handed out */
+        w->dynamic |= c->dynamic;
         return ref_new(st, REF_VALUE, c->vid);
     }
     if (tp == &PyTuple_Type || tp == &PyList_Type || tp == &PyDict_Type) {
@@ -154,7 +156,7 @@ op_kind(leapp_state *st, PyObject *func)
     long k = -1;
     if (found != NULL) {
         k = PyLong_AsLong(found);
-        assert(k >= OP_PLAIN && k <= OP_VIEW); /* cached values are checked ints */
+        assert(k >= OP_PLAIN && k <= OP_LAST); /* cached values are checked ints */
         return (int)k;
     }
     if (PyErr_Occurred()) {
@@ -168,7 +170,7 @@ op_kind(leapp_state *st, PyObject *func)
     if (k == -1 && PyErr_Occurred()) {
         goto done;
     }
-    if (k < OP_PLAIN || k > OP_VIEW) {
+    if (k < OP_PLAIN || k > OP_LAST) {
         PyErr_Format(PyExc_ValueError, "classify() gave an unknown op kind %ld", k);
         k = -1;
         goto done;
@@ -320,6 +322,75 @@ out_target(leapp_state *st, PyObject *kwargs)
     return is_tensor(st, target) ? target : NULL;
 }
 
+/* 1 when key (of x[key]) holds a boolean tensor (a mask: the result's shape
+ * depends on its values), 0 when not, -1 on error. */
+static int
+is_mask_key(leapp_state *st, PyObject *key)
+{
+    PyObject *dtype;
+    int found = 0;
+    if (PyTuple_Check(key)) {
+        Py_ssize_t i, n = PyTuple_GET_SIZE(key);
+        for (i = 0; i < n && found == 0; i++) {
+            found = is_mask_key(st, PyTuple_GET_ITEM(key, i));
+        }
+        return found;
+    }
+    if (st->bool_dtype == NULL || !is_tensor(st, key)) {
+        return 0;
+    }
+    dtype = PyObject_GetAttr(key, st->str_dtype);
+    if (dtype == NULL) {
+        return -1;
+    }
+    found = dtype == st->bool_dtype;
+    Py_DECREF(dtype);
+    return found;
+}
+
+/* Flag the traced results in r (a tensor, or a tuple or list of them) as
+ * values whose shape depends on data. */
+static void
+mark_dynamic(leapp_state *st, PyObject *r)
+{
+    CarrierObject *c;                 /* borrowed */
+    if (PyTuple_Check(r) || PyList_Check(r)) {
+        Py_ssize_t i, n = PySequence_Fast_GET_SIZE(r);
+        for (i = 0; i < n; i++) {
+            mark_dynamic(st, PySequence_Fast_GET_ITEM(r, i));
+        }
+        return;
+    }
+    c = carrier_of(st, r);
+    if (c != NULL) {
+        c->dynamic = 1;
+    }
+}
+
+/* A traced value read into Python (kind OP_CONVERSION; OP_SIZE of a value
+ * whose shape depends on data): the op runs eagerly, nothing is recorded
+ * (the result is a Python value), and the guard hook sees the value. */
+static PyObject *
+trace_conversion(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+                 PyObject *args, PyObject *kwargs)
+{
+    PyObject *result = run_eager(st, func, types, args, kwargs);
+    PyObject *seen = NULL;
+    if (result == NULL || st->guard == NULL || PyTuple_GET_SIZE(args) == 0
+        || (kind == OP_SIZE && !w->dynamic)) {
+        return result;
+    }
+    {
+        PyObject *call[4] = {(PyObject *)w->active, func, PyTuple_GET_ITEM(args, 0), result};
+        seen = PyObject_Vectorcall(st->guard, call, 4, NULL);
+    }
+    if (seen == NULL) {
+        Py_CLEAR(result);
+    }
+    Py_XDECREF(seen);
+    return result;
+}
+
 /* Record an op of the tracing node and bind its results. */
 static PyObject *
 trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
@@ -390,6 +461,19 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
         }
         if (receiver != NULL && follow_aliases(st, node, kind, func, receiver, result) < 0) {
             goto error;
+        }
+        if (kind != OP_INPLACE && kind != OP_OVERWRITE) {
+            int dynamic = w->dynamic || kind == OP_DYNAMIC;
+            if (!dynamic && kind == OP_VIEW && func == st->getitem
+                && PyTuple_GET_SIZE(args) == 2) {
+                dynamic = is_mask_key(st, PyTuple_GET_ITEM(args, 1));
+                if (dynamic < 0) {
+                    goto error;
+                }
+            }
+            if (dynamic) {
+                mark_dynamic(st, result);
+            }
         }
     }
     goto done;
@@ -693,7 +777,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
 {
     leapp_state *st = leapp_get_state(module);
     PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
-    walk w = {st, NULL, NULL, NULL};
+    walk w = {st, NULL, NULL, NULL, 0};
     int kind;
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
@@ -736,6 +820,9 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     if (PyThread_get_thread_ident() != st->owner) {
         result = trace_foreign(st, &w, kind, func, types, args, kwargs);
     }
+    else if (w.active != NULL && (kind == OP_CONVERSION || kind == OP_SIZE)) {
+        result = trace_conversion(st, &w, kind, func, types, args, kwargs);
+    }
     else if (w.active != NULL) {
         result = trace_active(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
     }
@@ -752,7 +839,30 @@ done:
     return result;
 }
 
+/* _bind_guards(hook, getitem, bool_dtype): the guard hook (leapp._guards),
+ * called only for conversions of traced values into Python, and the two torch
+ * objects that tell a boolean-mask index. */
+static PyObject *
+bind_guards(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *hook, *getitem, *bool_dtype;
+    if (!PyArg_ParseTuple(args, "OOO:_bind_guards", &hook, &getitem, &bool_dtype)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(hook)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_guards() expects a callable hook");
+        return NULL;
+    }
+    Py_XSETREF(st->guard, Py_NewRef(hook));
+    Py_XSETREF(st->getitem, Py_NewRef(getitem));
+    Py_XSETREF(st->bool_dtype, Py_NewRef(bool_dtype));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef trace_functions[] = {
+    {"_bind_guards", bind_guards, METH_VARARGS,
+     "Hand over the guard hook, torch.Tensor.__getitem__ and torch.bool."},
     {"torch_function", (PyCFunction)(void (*)(void))torch_function, METH_FASTCALL,
      "The __torch_function__ of TracedTensor: run eagerly, record, tag results."},
     {NULL, NULL, 0, NULL},

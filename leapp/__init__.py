@@ -16,6 +16,7 @@ import torch
 
 from . import _core, _ops
 from . import _alias  # noqa: F401  (binds the alias hooks into the core)
+from . import _guards  # noqa: F401  (binds the guard hook into the core)
 from ._session import API
 from ._traced import TracedTensor, alias
 

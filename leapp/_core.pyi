@@ -14,6 +14,9 @@ OP_COPY: Final[int]
 OP_TO: Final[int]
 OP_OVERWRITE: Final[int]
 OP_VIEW: Final[int]
+OP_CONVERSION: Final[int]
+OP_SIZE: Final[int]
+OP_DYNAMIC: Final[int]
 # Ref kinds: what a Ref inside a recorded op points at.
 REF_VALUE: Final[int]
 REF_CONST: Final[int]
@@ -40,6 +43,7 @@ class Carrier:
     def node(self) -> Node: ...
     vid: int
     declared: int
+    dynamic: int
     port: str | None
     group: Any  # leapp._alias.AliasGroup, or None
     @property
@@ -140,6 +144,8 @@ class Program:
 def _bind(traced_type: type, tensor_type: type, run_disabled: Callable[..., Any],
           classify: Callable[[Any], int], rewrite: Callable[..., tuple[Any, Any, Any]],
           alias: Callable[[torch.Tensor], torch.Tensor], session_api: Any, /) -> None: ...
+def _bind_guards(hook: Callable[[Any, Any, Any, Any], None], getitem: Any, bool_dtype: Any,
+                 /) -> None: ...
 def _bind_alias(link: Callable[[Any, Any], None], write: Callable[[Any, Any], None],
                 /) -> None: ...
 

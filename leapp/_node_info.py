@@ -27,6 +27,11 @@ class NodeInfo:
     samples: int = 0                                    # cached re-entry samples
     declared: list = field(default_factory=list)        # (input name, weakref to tensor)
     input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
+    guards: dict = field(default_factory=dict)          # (file, line) -> _guards.Guard, pass 1
+    passes: int = 1                                     # traced passes seen (re-entries + 1)
+    shadow: Any = None                                  # this later pass's shadow Node
+    reentry_of: Any = None                              # of a shadow: the node it re-traces
+    guard_counts: dict = field(default_factory=dict)    # of a shadow: (file, line) -> count
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""

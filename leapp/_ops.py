@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from . import _core
+from ._guards import conversion_kind
 
 # The kinds classify() answers are the core's (csrc/leapp.h), exported by _core.
 OP_PLAIN, OP_INPLACE, OP_COPY = _core.OP_PLAIN, _core.OP_INPLACE, _core.OP_COPY
@@ -84,6 +85,9 @@ def classify(func: Any) -> int:
     name = _name(func)
     if func is torch.Tensor.__setitem__ or func is torch.Tensor.copy_:
         return OP_OVERWRITE
+    guard = conversion_kind(func)  # reads into Python, data-dependent shapes (leapp._guards)
+    if guard is not None:
+        return guard
     if functional_twin(func) is not None:
         return OP_INPLACE
     if name in _COPY_NAMES:

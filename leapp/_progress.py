@@ -160,8 +160,10 @@ class CompileProgress:
     quiet: compile_graph(verbose=False).
     """
 
-    def __init__(self, graph: str, nodes: list[str], validate: bool, quiet: bool) -> None:
+    def __init__(self, graph: str, nodes: list[str], validate: bool, quiet: bool,
+                 one_pass: set[str] | frozenset = frozenset()) -> None:
         self.nodes = list(nodes)
+        self.one_pass = set(one_pass)  # nodes traced on one pass only
         self.validate = validate
         self.level = logging.INFO if quiet else PROGRESS
         self.rows: dict[str, tuple[str, float, bool]] = {}
@@ -234,6 +236,11 @@ class CompileProgress:
             verdict = _verdict(result)
         logger.log(self.level, "%d/%d %s (%s): %s, %s", index, len(self.nodes), node, backend,
                    how, verdict)
+        if node in self.one_pass and backend != NO_MODEL:
+            logger.log(self.level, "    %s was traced on one pass only: validated on one "
+                       "sample, which proves nothing about branches taken on traced values or "
+                       "Python numbers read from them; run more than one pass before "
+                       "compile_graph() to check them (docs/tracing.md)", node)
 
     def close(self) -> None:
         """Take the bar down (it stays on screen, finished or where it stopped)."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _alias, _core, _method, _mirror, _numpy
+from . import _alias, _core, _guards, _method, _mirror, _numpy
 from ._fx import build_graph_module
 from ._buffers import BufferTracker
 from ._logging import fatal, logger
@@ -48,6 +48,7 @@ class SessionConfig:
     global_patching: bool = True
     patches: list = field(default_factory=list)
     strict: bool = False          # refuse inputs computed outside every node (docs/api.md)
+    strict_guards: bool = False   # refuse values read into Python (docs/tracing.md)
 
 
 class _Current:
@@ -175,8 +176,20 @@ class SessionAPI:
                 replaced[leaf.path] = _numpy.wrap(traced) if array is not None else traced
             else:
                 value = self._reenter_input(node, leaf)
+                if _guards.needs_shadow(node):  # pass 1 read values into Python: check them
+                    value = self._shadow_input(node, leaf.name, value)
+                    replaced[leaf.path] = _numpy.wrap(value) if array is not None else value
+                    continue
                 replaced[leaf.path] = _numpy._plain_array(array) if array is not None else value
         return rebuild(values, replaced)
+
+    def _shadow_input(self, node: _core.Node, name: str, value: Any) -> Any:
+        """value as an input of this later pass's shadow node (leapp._guards)."""
+        shadow = _guards.shadow_of(node, name)
+        traced = value if type(value) is torch.Tensor else alias(value)
+        _core.set_carrier(traced, shadow, shadow.new_value(), None, True)
+        info(shadow).declared.append((name, weakref.ref(traced)))
+        return traced
 
     def _check_unique(self, node: _core.Node, name: str, outputs: bool = False,
                       taken: list | None = None) -> None:
@@ -393,6 +406,7 @@ class SessionAPI:
             return rebuild(values, {})
         self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves],
                               static_leaves)
+        _guards.end_pass(node)
         return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
                                 if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
                                 for leaf in leaves})

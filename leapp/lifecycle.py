@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _core, _incremental, _logging, _publish
+from . import _core, _guards, _incremental, _logging, _publish
 from ._digest import file_digests
 from ._logging import fatal, logger, section
 from ._progress import NO_MODEL, CompileProgress, third_party_to_log
@@ -50,16 +50,22 @@ def _resolve_name(name: Any, save_path: str) -> tuple[str, str]:
 def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool = False,
           non_traced: list[str] | None = None, max_cached_io: int = 5,
           global_patching: bool = True, patching: list | None = None,
-          strict: bool | None = None) -> None:
+          strict: bool | None = None, strict_guards: bool | None = None) -> None:
     """Start a tracing session; artifacts go to {save_path}/{name}/.
 
     Calling start() while a session runs resets the graph (with a warning).
     strict=True (default: the LEAPP_STRICT environment variable) makes an
     input computed outside every node from a node's output an error instead of
-    a warning.
+    a warning.  strict_guards=True (default: the LEAPP_STRICT_GUARDS environment
+    variable) refuses every traced value read into Python inside a node (a
+    branch on it, int(), .item(), a data-dependent size), which is otherwise
+    baked into the export with a warning (docs/tracing.md).
     """
     if strict is None:
         strict = os.environ.get("LEAPP_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+    if strict_guards is None:
+        strict_guards = os.environ.get("LEAPP_STRICT_GUARDS", "").strip().lower() in (
+            "1", "true", "yes", "on")
     graph, directory = _resolve_name(name, save_path)
     if not isinstance(max_cached_io, int) or max_cached_io < 1:
         fatal(f"leapp.start(max_cached_io=...) must be an int >= 1, got {max_cached_io!r}",
@@ -79,7 +85,9 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     patcher = Patcher(global_patching, patching or [])
     _Current.config = SessionConfig(graph, directory, verbose, dry_run,
                                     frozenset(non_traced or ()), max_cached_io, global_patching,
-                                    [patcher], strict=bool(strict))
+                                    [patcher], strict=bool(strict),
+                                    strict_guards=bool(strict_guards))
+    _guards.Options.strict = bool(strict_guards)
     _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
     LAST_COMPILE.clear()
@@ -342,7 +350,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     failure = None
     progress = CompileProgress(
         graph, [] if skip_export else [n.name for n in nodes if n.name not in cfg.non_traced],
-        validate=validate, quiet=verbose is False)
+        validate=validate, quiet=verbose is False,
+        one_pass={n.name for n in nodes if info(n).passes == 1})
     try:
         _checkpoint("staged")
         try:
