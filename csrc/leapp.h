@@ -44,6 +44,9 @@ enum {
     OP_OVERWRITE = 4,  /* __setitem__ / copy_: in place; a full overwrite from a
                         * published value adopts its provenance */
     OP_VIEW = 5,       /* may return a view sharing the argument's storage */
+    OP_SCRIPTED = 6,   /* a TorchScript callable: traced through by the facade */
+    OP_KIND_MASK = 7,  /* the kind's bits; the flags below may be or-ed in */
+    OP_RANDOM = 8,     /* flag: a random op, noted on the node (validation says so) */
 };
 
 typedef struct {
@@ -65,6 +68,8 @@ typedef struct {
     PyObject *session_api;    /* facade object with the traced slow paths */
     PyObject *alias_link;     /* (src, result) -> None: join result to src's alias group */
     PyObject *alias_write;    /* (receiver, func) -> None: an in-place write reached aliases */
+    PyObject *script_call;    /* (func, args, kwargs) -> result: a TorchScript call traced through */
+    PyObject *note_random;    /* (node, func, args, kwargs) -> None: a random op of a node */
 
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */

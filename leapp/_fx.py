@@ -103,6 +103,11 @@ class _Builder:
     def call(self, func: Any, args: tuple, kwargs: dict) -> fx.Node:
         if kwargs.get("inplace") is True:
             kwargs = dict(kwargs, inplace=False)
+        if isinstance(func, torch._ops.OpOverload):
+            # TorchScript resolves torch.ops.aten.X by its schemas but cannot
+            # read an overload attribute (aten.add.Tensor); the exporters
+            # resolve the packet to the same overload.
+            func = func.overloadpacket
         name = getattr(func, "__name__", "") or ""
         if name.startswith("__") and name.endswith("__") and name != "__get__":
             core = {"and": "and_", "or": "or_", "div": "truediv", "rdiv": "rtruediv",

@@ -27,6 +27,7 @@ class NodeInfo:
     samples: int = 0                                    # cached re-entry samples
     declared: list = field(default_factory=list)        # (input name, weakref to tensor)
     input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
+    random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""
