@@ -14,6 +14,9 @@ OP_COPY: Final[int]
 OP_TO: Final[int]
 OP_OVERWRITE: Final[int]
 OP_VIEW: Final[int]
+OP_SCRIPTED: Final[int]
+# A flag classify may or into a kind: a random op, noted on its node.
+OP_RANDOM: Final[int]
 # Ref kinds: what a Ref inside a recorded op points at.
 REF_VALUE: Final[int]
 REF_CONST: Final[int]
@@ -141,6 +144,9 @@ def _bind(traced_type: type, tensor_type: type, run_disabled: Callable[..., Any]
           alias: Callable[[torch.Tensor], torch.Tensor], session_api: Any, /) -> None: ...
 def _bind_alias(link: Callable[[Any, Any], None], write: Callable[[Any, Any], None],
                 /) -> None: ...
+def _bind_script(call: Callable[[Any, tuple[Any, ...], dict[str, Any] | None], Any],
+                 note_random: Callable[[Node, Any, tuple[Any, ...], dict[str, Any] | None],
+                                       None], /) -> None: ...
 
 # The session.
 def set_tracing(on: object, /) -> None: ...
