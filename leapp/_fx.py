@@ -11,6 +11,7 @@ import keyword
 import operator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -90,6 +91,10 @@ class _Builder:
             return self.constant(obj)
         if isinstance(obj, torch.Size):
             return tuple(int(s) for s in obj)
+        if isinstance(obj, np.generic) and obj.ndim == 0 and obj.dtype.kind in "biuf":
+            # a NumPy scalar operand (0.5 * np.log(2 * np.pi) * t): torch treats
+            # it as the Python number, which every exporter can write
+            return obj.item()
         if isinstance(obj, tuple):
             return tuple(self.arg(o) for o in obj)
         if isinstance(obj, list):
