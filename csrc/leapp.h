@@ -50,8 +50,11 @@ enum {
                         * when the receiver's shape is data-dependent */
     OP_DYNAMIC = 8,    /* its results' shapes depend on values (nonzero,
                         * unique, masked_select, ...) */
+    OP_SCRIPTED = 9,   /* a TorchScript callable: traced through by the facade */
+    OP_KIND_MASK = 15, /* the kind's bits; the flags below may be or-ed in */
+    OP_RANDOM = 16,    /* flag: a random op, noted on the node (validation says so) */
 };
-#define OP_LAST OP_DYNAMIC
+#define OP_LAST OP_SCRIPTED
 
 typedef struct {
     /* Types created at module init. */
@@ -77,6 +80,8 @@ typedef struct {
     PyObject *getitem;        /* torch.Tensor.__getitem__: a boolean-mask key gives a
                                * data-dependent shape */
     PyObject *bool_dtype;     /* torch.bool */
+    PyObject *script_call;    /* (func, args, kwargs) -> result: a TorchScript call traced through */
+    PyObject *note_random;    /* (node, func, args, kwargs) -> None: a random op of a node */
 
     /* Caches owned by the module. */
     PyObject *op_kinds;       /* dict: func -> int kind */

@@ -6,6 +6,7 @@
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(guard) X(getitem) X(bool_dtype) \
+    X(script_call) X(note_random)                                           \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(str_out) X(nodes) X(promoted)
 
@@ -85,6 +86,26 @@ module_bind_alias(PyObject *module, PyObject *args)
     }
     Py_XSETREF(st->alias_link, Py_NewRef(link));
     Py_XSETREF(st->alias_write, Py_NewRef(write));
+    Py_RETURN_NONE;
+}
+
+/* _bind_script(call, note_random): the TorchScript hook (leapp._script),
+ * called for ops of kind OP_SCRIPTED, and the random-op hook, called for ops
+ * flagged OP_RANDOM; both only while a node traces. */
+static PyObject *
+module_bind_script(PyObject *module, PyObject *args)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *call, *note;
+    if (!PyArg_ParseTuple(args, "OO:_bind_script", &call, &note)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(call) || !PyCallable_Check(note)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_script() expects two callables");
+        return NULL;
+    }
+    Py_XSETREF(st->script_call, Py_NewRef(call));
+    Py_XSETREF(st->note_random, Py_NewRef(note));
     Py_RETURN_NONE;
 }
 
@@ -216,6 +237,8 @@ module_nodes(PyObject *module, PyObject *Py_UNUSED(ignored))
 static PyMethodDef module_methods[] = {
     {"_bind", module_bind, METH_VARARGS, "Hand the torch objects to the core."},
     {"_bind_alias", module_bind_alias, METH_VARARGS, "Hand the alias-provenance hooks to the core."},
+    {"_bind_script", module_bind_script, METH_VARARGS,
+     "Hand the TorchScript and random-op hooks to the core."},
     {"set_tracing", module_set_tracing, METH_O, "Turn the session flag on or off."},
     {"is_tracing", module_is_tracing, METH_NOARGS, "Whether a session is running."},
     {"session_thread", module_session_thread, METH_NOARGS,
@@ -243,6 +266,7 @@ module_add_constants(PyObject *module)
         {"OP_PLAIN", OP_PLAIN}, {"OP_INPLACE", OP_INPLACE}, {"OP_COPY", OP_COPY},
         {"OP_TO", OP_TO}, {"OP_OVERWRITE", OP_OVERWRITE}, {"OP_VIEW", OP_VIEW},
         {"OP_CONVERSION", OP_CONVERSION}, {"OP_SIZE", OP_SIZE}, {"OP_DYNAMIC", OP_DYNAMIC},
+        {"OP_SCRIPTED", OP_SCRIPTED}, {"OP_RANDOM", OP_RANDOM},
         {"REF_VALUE", REF_VALUE}, {"REF_CONST", REF_CONST},
     };
     int rc = 0;

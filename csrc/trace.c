@@ -156,7 +156,8 @@ op_kind(leapp_state *st, PyObject *func)
     long k = -1;
     if (found != NULL) {
         k = PyLong_AsLong(found);
-        assert(k >= OP_PLAIN && k <= OP_LAST); /* cached values are checked ints */
+        /* cached values are checked ints */
+        assert(k >= 0 && (k & OP_KIND_MASK) <= OP_LAST && (k & ~(OP_KIND_MASK | OP_RANDOM)) == 0);
         return (int)k;
     }
     if (PyErr_Occurred()) {
@@ -170,7 +171,7 @@ op_kind(leapp_state *st, PyObject *func)
     if (k == -1 && PyErr_Occurred()) {
         goto done;
     }
-    if (k < OP_PLAIN || k > OP_LAST) {
+    if (k < OP_PLAIN || (k & OP_KIND_MASK) > OP_LAST || (k & ~(OP_KIND_MASK | OP_RANDOM))) {
         PyErr_Format(PyExc_ValueError, "classify() gave an unknown op kind %ld", k);
         k = -1;
         goto done;
@@ -770,6 +771,31 @@ done:
     return NULL;
 }
 
+/* Ops of the tracing node that leave C first: a random op is noted on the
+ * node (leapp._session: validation names it) and then recorded as usual; a
+ * TorchScript callable (OP_SCRIPTED) is run by the facade's hook, op by op
+ * through this handler, and is not recorded itself. */
+static PyObject *
+trace_hooked(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+             PyObject *args, PyObject *kwargs, PyObject *targs, PyObject *tkwargs)
+{
+    PyObject *done;
+    if ((kind & OP_RANDOM) && st->note_random != NULL) {
+        PyObject *call[4] = {(PyObject *)w->active, func, args, kwargs};
+        done = PyObject_Vectorcall(st->note_random, call, 4, NULL);
+        if (done == NULL) {
+            return NULL;
+        }
+        Py_DECREF(done);
+    }
+    kind &= OP_KIND_MASK;
+    if (kind == OP_SCRIPTED && st->script_call != NULL) {
+        PyObject *call[3] = {func, args, kwargs};
+        return PyObject_Vectorcall(st->script_call, call, 3, NULL);
+    }
+    return trace_active(st, w, kind, func, types, args, kwargs, targs, tkwargs);
+}
+
 /* torch_function(cls, func, types, args=(), kwargs=None): bound as the
  * classmethod TracedTensor.__torch_function__ by the facade. */
 static PyObject *
@@ -778,7 +804,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     leapp_state *st = leapp_get_state(module);
     PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
     walk w = {st, NULL, NULL, NULL, 0};
-    int kind;
+    int kind, base;
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
         return NULL;
@@ -817,17 +843,21 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     if (kind < 0) {
         goto done;
     }
+    base = kind & OP_KIND_MASK;
     if (PyThread_get_thread_ident() != st->owner) {
-        result = trace_foreign(st, &w, kind, func, types, args, kwargs);
+        result = trace_foreign(st, &w, base, func, types, args, kwargs);
     }
-    else if (w.active != NULL && (kind == OP_CONVERSION || kind == OP_SIZE)) {
-        result = trace_conversion(st, &w, kind, func, types, args, kwargs);
+    else if (w.active != NULL && ((kind & OP_RANDOM) != 0 || base == OP_SCRIPTED)) {
+        result = trace_hooked(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
+    }
+    else if (w.active != NULL && (base == OP_CONVERSION || base == OP_SIZE)) {
+        result = trace_conversion(st, &w, base, func, types, args, kwargs);
     }
     else if (w.active != NULL) {
-        result = trace_active(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
+        result = trace_active(st, &w, base, func, types, args, kwargs, targs, tkwargs);
     }
     else {
-        result = trace_inactive(st, &w, kind, func, types, args, kwargs);
+        result = trace_inactive(st, &w, base, func, types, args, kwargs);
     }
 done:
     /* the walk's node and carrier are released here, whichever path ran */

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _core, _ops
+from . import _core, _ops, _script
 from . import _alias  # noqa: F401  (binds the alias hooks into the core)
 from . import _guards  # noqa: F401  (binds the guard hook into the core)
 from ._session import API
@@ -22,6 +22,7 @@ from ._traced import TracedTensor, alias
 
 _core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,
             _ops.classify, _ops.rewrite, alias, API)
+_core._bind_script(_script.trace_through, _ops.note_random)
 
 from . import annotate  # noqa: E402
 from .export_manager import ExportManager  # noqa: E402

@@ -17,6 +17,9 @@ OP_VIEW: Final[int]
 OP_CONVERSION: Final[int]
 OP_SIZE: Final[int]
 OP_DYNAMIC: Final[int]
+OP_SCRIPTED: Final[int]
+# A flag classify may or into a kind: a random op, noted on its node.
+OP_RANDOM: Final[int]
 # Ref kinds: what a Ref inside a recorded op points at.
 REF_VALUE: Final[int]
 REF_CONST: Final[int]
@@ -148,6 +151,9 @@ def _bind_guards(hook: Callable[[Any, Any, Any, Any], None], getitem: Any, bool_
                  /) -> None: ...
 def _bind_alias(link: Callable[[Any, Any], None], write: Callable[[Any, Any], None],
                 /) -> None: ...
+def _bind_script(call: Callable[[Any, tuple[Any, ...], dict[str, Any] | None], Any],
+                 note_random: Callable[[Node, Any, tuple[Any, ...], dict[str, Any] | None],
+                                       None], /) -> None: ...
 
 # The session.
 def set_tracing(on: object, /) -> None: ...

@@ -11,6 +11,7 @@ import keyword
 import operator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -90,6 +91,10 @@ class _Builder:
             return self.constant(obj)
         if isinstance(obj, torch.Size):
             return tuple(int(s) for s in obj)
+        if isinstance(obj, np.generic) and obj.ndim == 0 and obj.dtype.kind in "biuf":
+            # a NumPy scalar operand (0.5 * np.log(2 * np.pi) * t): torch treats
+            # it as the Python number, which every exporter can write
+            return obj.item()
         if isinstance(obj, tuple):
             return tuple(self.arg(o) for o in obj)
         if isinstance(obj, list):
@@ -103,6 +108,11 @@ class _Builder:
     def call(self, func: Any, args: tuple, kwargs: dict) -> fx.Node:
         if kwargs.get("inplace") is True:
             kwargs = dict(kwargs, inplace=False)
+        if isinstance(func, torch._ops.OpOverload):
+            # TorchScript resolves torch.ops.aten.X by its schemas but cannot
+            # read an overload attribute (aten.add.Tensor); the exporters
+            # resolve the packet to the same overload.
+            func = func.overloadpacket
         name = getattr(func, "__name__", "") or ""
         if name.startswith("__") and name.endswith("__") and name != "__get__":
             core = {"and": "and_", "or": "or_", "div": "truediv", "rdiv": "rtruediv",

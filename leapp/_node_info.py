@@ -32,6 +32,7 @@ class NodeInfo:
     shadow: Any = None                                  # this later pass's shadow Node
     reentry_of: Any = None                              # of a shadow: the node it re-traces
     guard_counts: dict = field(default_factory=dict)    # of a shadow: (file, line) -> count
+    random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""

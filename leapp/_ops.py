@@ -18,10 +18,13 @@ import torch
 
 from . import _core
 from ._guards import conversion_kind
+from ._node_info import info
+from ._script import user_site
 
 # The kinds classify() answers are the core's (csrc/leapp.h), exported by _core.
 OP_PLAIN, OP_INPLACE, OP_COPY = _core.OP_PLAIN, _core.OP_INPLACE, _core.OP_COPY
 OP_TO, OP_OVERWRITE, OP_VIEW = _core.OP_TO, _core.OP_OVERWRITE, _core.OP_VIEW
+OP_SCRIPTED, OP_RANDOM = _core.OP_SCRIPTED, _core.OP_RANDOM
 
 _COPY_NAMES = {"clone", "detach", "contiguous", "cpu", "cuda"}
 # Functions that may return a view sharing their first argument's storage (the
@@ -51,8 +54,97 @@ def _name(func: Any) -> str:
     return getattr(func, "__name__", "") or ""
 
 
+# Random ops (torch.* functions, Tensor methods, torch.ops.aten overloads by
+# their base name; dropout variants only in training mode, see is_random).
+RANDOM_NAMES = {
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+    "normal", "bernoulli", "multinomial", "poisson", "binomial", "uniform_", "normal_",
+    "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "bernoulli_",
+    "_standard_gamma", "_sample_dirichlet", "native_dropout",
+}
+DROPOUT_NAMES = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                 "feature_alpha_dropout", "feature_dropout", "rrelu", "dropout_",
+                 "alpha_dropout_", "feature_alpha_dropout_", "feature_dropout_", "rrelu_"}
+
+
+def _aten_name(func: Any) -> str | None:
+    """'add_' for torch.ops.aten.add_.Tensor / torch.ops.aten.add_, else None."""
+    if isinstance(func, torch._ops.OpOverload):
+        func = func.overloadpacket
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        qualified = getattr(func, "_qualified_op_name", "")
+        if qualified.startswith("aten::"):
+            return qualified[len("aten::"):]
+    return None
+
+
+def random_name(func: Any) -> str | None:
+    """The name of a (possibly) random torch function, else None."""
+    name = _aten_name(func) or _name(func)
+    if name in RANDOM_NAMES or name in DROPOUT_NAMES:
+        return name
+    return None
+
+
+def is_random(func: Any, args: tuple, kwargs: dict | None) -> bool:
+    """Whether this call of a random_name function draws random numbers."""
+    name = random_name(func)
+    if name not in DROPOUT_NAMES:
+        return name is not None
+    kwargs = kwargs or {}
+    if "training" in kwargs or "train" in kwargs:
+        return bool(kwargs.get("training", kwargs.get("train")))
+    # F.dropout(x, p, training=True, inplace) / torch.dropout(x, p, train) /
+    # aten.dropout(x, p, train): the flag is the third argument; F.rrelu's
+    # is the fourth; F.dropout's default is training=True, torch's has none.
+    index = 3 if name.startswith("rrelu") else 2
+    if len(args) > index:
+        return bool(args[index])
+    return getattr(func, "__module__", "") == "torch.nn.functional"
+
+
+def random_label(func: Any) -> str:
+    """How a message names a random function: torch.randn_like, Tensor.uniform_, ..."""
+    name = random_name(func) or _name(func)
+    if _aten_name(func) is not None:
+        return f"torch.ops.aten.{name}"
+    if getattr(torch, name, None) is func:
+        return f"torch.{name}"
+    if getattr(torch.nn.functional, name, None) is func:
+        return f"torch.nn.functional.{name}"
+    if getattr(torch.Tensor, name, None) is func:
+        return f"Tensor.{name}"
+    return f"{getattr(func, '__module__', None) or 'torch'}.{name}"
+
+
+def note_random(node: _core.Node, func: Any, args: tuple, kwargs: dict | None) -> None:
+    """The core's hook for an op flagged OP_RANDOM in a tracing node: remember
+    where a random op ran (validation names it when the node's outputs differ)."""
+    if not is_random(func, args, kwargs):
+        return
+    found = (random_label(func),) + user_site()
+    notes = info(node).random_ops
+    if found not in notes:
+        notes.append(found)
+
+
+def _aten_twin(func: Any) -> Callable | None:
+    """torch.ops.aten.X.overload for the in-place torch.ops.aten.X_.overload."""
+    name = _aten_name(func)
+    if not name or not name.endswith("_") or name.endswith("__"):
+        return None
+    base = getattr(torch.ops.aten, name[:-1], None)
+    if base is None:
+        return None
+    if isinstance(func, torch._ops.OpOverload):
+        return getattr(base, func._overloadname, None)
+    return base
+
+
 def functional_twin(func: Any) -> Callable | None:
     """The out-of-place function computing what the in-place func writes."""
+    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return _aten_twin(func)
     name = _name(func)
     if func is torch.Tensor.__ipow__:  # a torch._tensor wrapper named 'pow_'
         return torch.Tensor.__pow__
@@ -82,6 +174,13 @@ def functional_twin(func: Any) -> Callable | None:
 
 def classify(func: Any) -> int:
     """The kind of a torch function, cached by the C core per function."""
+    if isinstance(func, (torch._C.ScriptMethod, torch._C.ScriptFunction)):
+        return OP_SCRIPTED
+    kind = _classify(func)
+    return kind | OP_RANDOM if random_name(func) is not None else kind
+
+
+def _classify(func: Any) -> int:
     name = _name(func)
     if func is torch.Tensor.__setitem__ or func is torch.Tensor.copy_:
         return OP_OVERWRITE

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
-from . import _core, _numpy
+from . import _core, _numpy, _script
 from ._logging import logger
 
 
@@ -124,6 +124,8 @@ class Patcher:
         definitions = validate(self.patches)
         try:
             for owner, name, wrapper in _numpy.patches():
+                self._set(owner, name, wrapper)
+            for owner, name, wrapper in _script.patches():
                 self._set(owner, name, wrapper)
             for definition in definitions:
                 original = getattr(definition.module, definition.function_name)

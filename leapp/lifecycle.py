@@ -368,8 +368,10 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                 if validate and not skip_export:
                     with intra_op_threads(validation_threads(staging, [
                             r.path for r in exported.values() if r.external and r.path])):
-                        results, failure = run_validation(entries, rtol, atol,
-                                                          observer=progress)
+                        results, failure = run_validation(
+                            entries, rtol, atol, observer=progress,
+                            random_ops={n.name: info(n).random_ops for n in nodes
+                                        if n.name in exported and info(n).random_ops})
                     if strict and failure is not None:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")

@@ -190,7 +190,7 @@ def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tenso
 
 
 def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequence[Any],
-                   rtol: float, atol: float) -> tuple[bool, str | None]:
+                   rtol: float, atol: float, note: str | None = None) -> tuple[bool, str | None]:
     """(passed, hint) for one node over all of its examples."""
     examples = _examples(inputs, outputs)
     device = None
@@ -216,7 +216,10 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
             ok = _compare(name, out, example.index, exported, source, rtol, atol) and ok
         passed.append(ok)
     hint = None
-    if passed[0] and not all(passed):
+    if note is not None and not all(passed):
+        hint = note                   # random ops: no constant to blame
+        logger.warning("  %s", hint)
+    elif passed[0] and not all(passed):
         hint = REENTRY_HINT
         logger.warning("  %s: %s", name, hint)
     if all(passed):
@@ -240,12 +243,25 @@ def validate_models(entries: list, rtol: float, atol: float, strict: bool) -> di
     return results
 
 
+def random_note(node: str, random_ops: Sequence[tuple]) -> str:
+    """Why a node with random ops cannot be compared: the ops and where they ran."""
+    where = "; ".join(f"{label} at {file}:{line}" for label, file, line in random_ops)
+    what = "the random op" if len(random_ops) == 1 else "the random ops"
+    return (f"node {node} uses {what} {where}; its exported outputs are random too, so "
+            f"validation cannot compare them exactly. Seeding does not help: the exported "
+            f"model draws its own numbers. Validate with the random op replaced (e.g. the "
+            f"mean, or dropout in eval mode), or compile with validate=False.")
+
+
 def run_validation(entries: list, rtol: float, atol: float,
-                   observer: Any = None) -> tuple[dict, str | None]:
+                   observer: Any = None,
+                   random_ops: dict | None = None) -> tuple[dict, str | None]:
     """({node: result}, the strict-mode failure message or None); raises nothing.
 
     observer (compile_graph's progress) is told of each node: validating(name)
-    before, validated(name, result) after.
+    before, validated(name, result) after.  random_ops maps a node to the
+    random ops it ran ((label, file, line) each): a mismatch there is
+    reported as following from them.
     """
     results: dict[str, Any] = {}
     hints: dict[str, str] = {}
@@ -262,7 +278,10 @@ def run_validation(entries: list, rtol: float, atol: float,
             results[name] = True
         else:
             try:
-                results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol)
+                found = (random_ops or {}).get(name)
+                note = random_note(name, found) if found else None
+                results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol,
+                                                     note)
                 if hint is not None:
                     hints[name] = hint
             except Exception as exc:
