@@ -3,6 +3,8 @@ under upstream leapp 0.7.2, compared.
 
     python bench/fuzz.py [--n 500] [--seed 1] [--batch 25] [--keep DIR]
                          [--upstream VENV_OR_PYTHON] [--ours PYTHON] [--save-cases DIR]
+    python bench/fuzz.py --print s7_0014                  (one program's source)
+    python bench/fuzz.py --rescan DIR --n N --seed S      (compare a --keep run again)
     python bench/fuzz.py --worker PROGRAM_DIR OUT_DIR      (internal: one batch)
 
 Each program is a standalone Python script built from the public API only
