@@ -105,9 +105,8 @@ KNOWN_DIFFERENCES: list[dict] = [
                "upstream's wording is not kept whole (not fixed yet)"},
     {"id": "upstream-validation-self-feedback", "check": "outcome",
      "pattern": r"ours ok, upstream Exception.*Model validation failed",
-     "feature": "source:feedback",
-     "reason": "a node fed its own previous output (inferred self-feedback) beside "
-               "declared state, onnx-torchscript: upstream's compile_graph fails its "
+     "reason": "nodes with declared state and the indexing group's in-place writes "
+               "(often fed back their own output): upstream's compile_graph fails its "
                "own validation, ours compiles and validates; likely upstream's bug, "
                "to confirm before moving it to DEPARTURES"},
 ]
@@ -115,10 +114,17 @@ KNOWN_DIFFERENCES: list[dict] = [
 # ---- DEPARTURES: deliberate, documented in docs/compatibility.md --------
 DEPARTURES: list[dict] = [
     {"id": "jit-script-python-operators", "check": "outcome",
-     "pattern": r"ours ok, upstream RuntimeError.*has no attribute or method '__\w+__'",
-     "reason": "upstream records Python operators (x // 0.5) as dunder method calls "
-               "that torch.jit.script cannot compile; ours records the torch op, so "
-               "the node exports (docs/compatibility.md, 'Operators under jit')"},
+     "pattern": r"ours ok, upstream RuntimeError.*Error compiling model.*"
+                r"(has no attribute or method '\w+'|Arguments for call are not valid)",
+     "reason": "upstream records some ops in a form torch.jit.script rejects (x // 0.5 "
+               "as a dunder call, x.bool(), x.norm(dim=-1) with p='fro'); ours records the torch "
+               "op as called, so the node exports (docs/compatibility.md, 'Operators "
+               "under jit')"},
+    {"id": "tensor-mT-property", "check": "outcome",
+     "pattern": r"ours ok, upstream AttributeError.*'method-wrapper' object has no "
+                r"attribute '__module__'",
+     "reason": "upstream fails tracing the x.mT property (AttributeError); ours records "
+               "it (docs/compatibility.md, 'Where upstream fails')"},
 ]
 
 
@@ -733,8 +739,9 @@ def summarise(report):
                      len({d["program"] for d in report["differences"]})))
     classes = {}
     for d in report["differences"]:
-        classes.setdefault(d["class"], []).append(d)
-    for cls, items in sorted(classes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        key = ((d["explained"] or {}).get("id", ""), d["class"])
+        classes.setdefault(key, []).append(d)
+    for (_, cls), items in sorted(classes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         why = items[0]["explained"]
         tag = ("[%s %s]" % (why["kind"], why["id"])) if why else "[UNEXPLAINED]"
         common = set(items[0]["features"])
