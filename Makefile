@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-matrix test-debug test-asan test-wheel wheel bench compat upstream-venv clean
+.PHONY: setup build debug demo test test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
 
 setup: $(STAMP)
 
@@ -107,6 +107,16 @@ bench: build
 
 compat: build
 	$(PY) bench/compat.py --setup
+
+# Differential fuzzing against upstream 0.7.2 (bench/fuzz.py): FUZZ_N random
+# annotated programs, each run under both packages and compared (outcome,
+# error wording, YAML, replayed outputs).  `make test` runs a short fixed-seed
+# run (tests/test_fuzz.py); this is the long one.  Needs .compat-venv
+# (`make upstream-venv`) or LEAPP_UPSTREAM_PYTHON.
+FUZZ_N ?= 500
+FUZZ_SEED ?= 1
+fuzz: build
+	$(PY) bench/fuzz.py --n $(FUZZ_N) --seed $(FUZZ_SEED) $(if $(FUZZ_CASES),--save-cases $(FUZZ_CASES),)
 
 # Upstream leapp 0.7.2 in .compat-venv (torch pinned as everywhere): with it,
 # `make test` also runs the side-by-side compatibility tests.
