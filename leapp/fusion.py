@@ -351,6 +351,20 @@ def _to_opset(name: str, model: Any, opset: int) -> Any:
     raise AssertionError("unreachable")
 
 
+def _node_model(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
+    """_node_onnx, its failures refused with the node's name and the fix."""
+    try:
+        return _node_onnx(name, entry, opset)
+    except FuseError:
+        raise
+    except Exception as exc:
+        _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
+              f"be converted to ONNX for the fused model: {type(exc).__name__}: "
+              f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
+              "export_with='onnx' and compile again"
+              + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
+
+
 def build_onnx(the_plan: Plan, manager: Any) -> Any:
     """The fused ``onnx.ModelProto`` for ``the_plan``."""
     import onnx
@@ -373,18 +387,13 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
     opsets: dict[str, int] = {"": opset}
     ir_version = 0
     produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
-    for index, name in enumerate(the_plan.order):
+    models = [_node_model(name, manager.nodes[name], opset) for name in the_plan.order]
+    # An exporter may write a newer opset than asked for (torch 2.7's dynamo
+    # exporter writes 18 at the least): the fused model takes the newest one,
+    # since converting up is what the ONNX version converter does reliably.
+    opset = opsets[""] = max([opset] + [_ai_onnx_opset(m[0]) for m in models])
+    for index, (name, (model, in_map, out_names)) in enumerate(zip(the_plan.order, models)):
         entry = manager.nodes[name]
-        try:
-            model, in_map, out_names = _node_onnx(name, entry, opset)
-        except FuseError:
-            raise
-        except Exception as exc:
-            _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
-                  f"be converted to ONNX for the fused model: {type(exc).__name__}: "
-                  f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
-                  "export_with='onnx' and compile again"
-                  + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
         model = _to_opset(name, model, opset)
         if len(out_names) != len(entry.output_names):
             _fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
