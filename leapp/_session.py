@@ -399,8 +399,11 @@ class SessionAPI:
             from .backends import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        updates = list(node_info.state_updates.values())
+        for tracker in node_info.trackers:
+            updates.extend(tracker.reassigned().values())
         _alias.check_outputs(node, node_info.declared_inputs(),
-                             [(leaf.name, leaf.value) for leaf in leaves])
+                             [(leaf.name, leaf.value) for leaf in leaves], updates)
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
                 fatal(f"Error: static output '{leaf.name}' is a traced TracedTensor. Static "
