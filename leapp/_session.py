@@ -362,9 +362,13 @@ class SessionAPI:
             return rebuild(values, {})
         self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves],
                               static_leaves)
-        return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
-                                if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
-                                for leaf in leaves})
+        # The payload as passed; a leaf still traced (a value of another node
+        # passed through) comes back plain, in a rebuilt container.
+        unwrapped = ((leaf, _numpy._plain_array(leaf.value)
+                      if isinstance(leaf.value, np.ndarray) else plain(leaf.value))
+                     for leaf in leaves)
+        return rebuild(values, {leaf.path: value for leaf, value in unwrapped
+                                if value is not leaf.value})
 
     def _check_outputs(self, api: str, node: _core.Node, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
