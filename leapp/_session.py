@@ -450,7 +450,7 @@ class SessionAPI:
         self._check_outputs("output_tensors", node, leaves)
         updates = list(node_info.state_updates.values())
         for tracker in node_info.trackers:
-            updates.extend(tracker.reassigned().values())
+            updates.extend(tracker.reassigned(node).values())
         _alias.check_outputs(node, node_info.declared_inputs(),
                              [(leaf.name, leaf.value) for leaf in leaves], updates)
         for leaf in static_leaves:
