@@ -70,7 +70,12 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     if not isinstance(max_cached_io, int) or max_cached_io < 1:
         fatal(f"leapp.start(max_cached_io=...) must be an int >= 1, got {max_cached_io!r}",
               ValueError)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except PermissionError as exc:
+        fatal(f"leapp.start(): cannot create the bundle directory {directory}: permission "
+              f"denied (leapp.start(name, save_path=...) chooses another directory)",
+              PermissionError, cause=exc)
     was_running = _core.is_tracing()
     if was_running:
         _teardown_session()

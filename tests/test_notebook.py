@@ -101,6 +101,9 @@ def test_compile_result_displays_inline_in_a_notebook(tmp_path):
         widgets = [o for o in outputs[1] if o.output_type == "display_data"
                    and "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
         assert len(widgets) == 1, outputs[1]
+        # its plain-text fallback tells where the compile ended, not where it began
+        text = widgets[0]["data"]["text/plain"]
+        assert "100%" in text and " 0%" not in text, text
 
 
 def _error_text(outputs: list) -> str:
