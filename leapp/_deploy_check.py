@@ -65,12 +65,12 @@ def is_joint_level(kind: Any) -> bool:
 
 def last_axis_names(element_names: Any) -> list[str] | None:
     """The names element_names gives the last axis, or None."""
-    if not isinstance(element_names, list) or not element_names:
+    if not isinstance(element_names, (list, tuple)) or not element_names:
         return None
     if all(isinstance(n, str) and n != "__temporal_axis__" for n in element_names):
         return list(element_names)  # a flat list of names: the last axis
     last = element_names[-1]
-    if isinstance(last, list) and all(isinstance(n, str) for n in last):
+    if isinstance(last, (list, tuple)) and all(isinstance(n, str) for n in last):
         return list(last)
     return None
 
