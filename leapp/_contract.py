@@ -70,11 +70,10 @@ def encode_tensor(tensor: Any) -> dict[str, Any] | None:
     """A tensor as ``{"dtype", "shape", "encoding": "base64-le", "data"}`` (None stays None)."""
     if tensor is None:
         return None
-    from .fusion import _DTYPE_NAMES
-    raw = tensor.detach().cpu().contiguous()
     import torch
+    raw = tensor.detach().cpu().contiguous()
     data = raw.view(torch.uint8).numpy().tobytes() if raw.numel() else b""
-    return {"dtype": _DTYPE_NAMES.get(raw.dtype, str(raw.dtype).replace("torch.", "")),
+    return {"dtype": str(raw.dtype).replace("torch.", ""),  # the YAML's dtype names
             "shape": list(raw.shape), "encoding": "base64-le",
             "data": base64.b64encode(data).decode("ascii")}
 
