@@ -27,7 +27,6 @@ import base64
 import io
 import json
 import os
-import tempfile
 import zipfile
 from typing import Any, Mapping
 
@@ -364,8 +363,10 @@ def set_onnx(proto: Any, contract: Mapping[str, Any]) -> None:
 def write(path: str, contract: Mapping[str, Any]) -> bool:
     """Write the contract into the model file at ``path``; False when it already holds it.
 
-    The file is replaced (never written through): a file hard-linked from a
-    previous bundle (an incremental compile) keeps its old bytes there.
+    The file is replaced by a new one (never written through): a file
+    hard-linked from a previous bundle (an incremental compile) keeps its old
+    bytes there.  Meant for files of a directory being written (a staging
+    directory): it is not an atomic replacement.
     """
     current = read_or_none(path)
     if current == contract:
@@ -379,17 +380,13 @@ def write(path: str, contract: Mapping[str, Any]) -> bool:
         set_onnx(proto, contract)
         data = proto.SerializeToString()
         del proto
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".leapp-contract-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # A new file, not a write through: compile_graph stamps files of its private
+    # staging directory, some hard-linked from the committed bundle (reused).
+    mode = os.stat(path).st_mode & 0o7777
+    os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
     return True
 
 
