@@ -30,6 +30,7 @@ from ._patching import FunctionPatch  # noqa: E402
 from ._version import __implementation__, __version__  # noqa: E402
 from .lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
 from .fusion import fuse  # noqa: E402
+from ._contract import read as contract  # noqa: E402  (docs/deploy.md)
 from .semantics import (GraphConfigs, InputKindEnum, OutputKindEnum,  # noqa: E402
                         TemporalAxis, TensorSemantics)
 from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
@@ -37,7 +38,7 @@ from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
 __all__ = [
     "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
     "OutputKindEnum", "TemporalAxis", "GraphConfigs", "FunctionPatch", "InferenceManager",
-    "TracedTensor", "ExportManager", "fuse", "__version__", "__config_version__",
+    "TracedTensor", "ExportManager", "fuse", "contract", "__version__", "__config_version__",
     "__implementation__",
 ]
 

@@ -1,10 +1,12 @@
 """The `leapp` command: look at, run, draw and check an exported bundle.
 
     leapp inspect BUNDLE.yaml         nodes, ports, edges, feedback, checksums
+    leapp inspect MODEL.onnx          the contract a model file carries (.pt, .pt2 too)
     leapp run BUNDLE.yaml [--steps N] mock inputs through InferenceManager
     leapp draw BUNDLE.yaml [-o PNG]   the pipeline picture
     leapp view BUNDLE.yaml [-o HTML]  the interactive view (one self-contained HTML file)
     leapp check BUNDLE.yaml           load every model, run one step
+    leapp check --deploy BUNDLE.yaml  is the bundle complete enough to deploy
     leapp triton BUNDLE.yaml REPO     a Triton Inference Server model repository
 
 Exit status: 0 ok, 1 a check failed (checksum, model load, a step), 2 usage
@@ -91,6 +93,8 @@ def _short(value: Any) -> str:
 # ---- verbs --------------------------------------------------------------------------------
 
 def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
+    if args.bundle.endswith(_MODEL_SUFFIXES):
+        return _inspect_model(args.bundle, out)
     model = _read_bundle(args.bundle)
     yaml_dir = os.path.dirname(os.path.abspath(args.bundle))
     system = model.system_information
@@ -127,6 +131,42 @@ def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
     if failed:
         raise CheckFailed("checksums failed: " + "; ".join(failed))
     print("checksums: ok", file=out)
+    return EXIT_OK
+
+
+_MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
+
+
+def _inspect_model(path: str, out: Any) -> int:
+    """`leapp inspect MODEL`: the contract a single model file carries (docs/deploy.md)."""
+    import json
+
+    from ._contract import ContractError, read
+    if not os.path.isfile(path):
+        raise BundleError(f"no such model file: {path}")
+    try:
+        contract = read(path)
+    except ContractError as exc:
+        raise CheckFailed(_one_line(exc)) from exc
+    what = f"node {contract.get('node')}" if contract.get("artifact") == "node" \
+        else f"fused pipeline ({contract.get('format')})"
+    print(f"model {path}: {what} of graph {contract.get('graph')}, leapp "
+          f"{contract.get('leapp_version')}, contract schema {contract.get('schema_version')}",
+          file=out)
+    for side in ("inputs", "outputs"):
+        for port in contract.get(side) or []:
+            entry = {"name": port.get("name"), "dtype": port.get("dtype"),
+                     "shape": port.get("shape"), **(port.get("semantics") or {})}
+            where = [f"{k}={port[k]}" for k in ("graph_input", "graph_output", "source",
+                                                "state") if port.get(k) is not None]
+            print(f"  {side[:-1]:6} {_port_text(entry)}  {' '.join(where)}".rstrip(), file=out)
+    for pair in contract.get("feedback") or []:
+        print(f"  state  {pair['input']} <- {pair['output']} (initial "
+              f"{'recorded' if pair.get('initial') else 'zeros'})", file=out)
+    if contract.get("configs"):
+        print(f"  configs {contract['configs']}", file=out)
+    print("contract (JSON):", file=out)
+    print(json.dumps(contract, indent=1), file=out)
     return EXIT_OK
 
 
@@ -199,6 +239,13 @@ def cmd_view(args: argparse.Namespace, out: Any) -> int:
 
 
 def cmd_check(args: argparse.Namespace, out: Any) -> int:
+    if args.deploy:
+        _read_bundle(args.bundle)
+        from ._deploy_check import run_cli
+        failed = run_cli(args.bundle, out)
+        if failed:
+            raise CheckFailed(f"{failed} deploy check(s) failed (each listed above with its fix)")
+        return EXIT_OK
     manager = _manager(args.bundle)
     _step(manager)
     print(f"ok: {len(manager.nodes)} node(s) loaded, checksums match, one step ran", file=out)
@@ -244,7 +291,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     verb("inspect", "Print nodes, ports (shape, dtype, kind), edges, feedback and verify the "
-         "model checksums (exit 1 on a mismatch).").set_defaults(run=cmd_inspect)
+         "model checksums (exit 1 on a mismatch); given a model file (.onnx, .pt, .pt2), "
+         "print the contract it carries.").set_defaults(run=cmd_inspect)
     run = verb("run", "Run mock inputs through InferenceManager and print the time of "
                "each step.")
     run.add_argument("--steps", type=_positive, default=1, metavar="N",
@@ -259,8 +307,13 @@ def _parser() -> argparse.ArgumentParser:
     view.add_argument("-o", "--output", metavar="HTML",
                       help="where to write it (default: BUNDLE.html beside the YAML)")
     view.set_defaults(run=cmd_view)
-    verb("check", "Load every model, verify checksums and run one step with mock inputs; "
-         "exit 0 when all of it works, 1 when not.").set_defaults(run=cmd_check)
+    check = verb("check", "Load every model, verify checksums and run one step with mock "
+                 "inputs; exit 0 when all of it works, 1 when not.")
+    check.add_argument("--deploy", action="store_true",
+                       help="instead, check the bundle is complete enough to deploy (kinds, "
+                       "element names, initial values, frequency, dtypes, contracts); "
+                       "docs/deploy.md")
+    check.set_defaults(run=cmd_check)
     triton = verb("triton", "Write a Triton Inference Server model repository that serves the "
                   "bundle (an ensemble, or the fused model under the sequence batcher when "
                   "the bundle has feedback).")

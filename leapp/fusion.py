@@ -846,12 +846,18 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
     shown = out if _shown_dir is None else os.path.join(_shown_dir, os.path.basename(out))
     fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", suffix=FORMATS[format], dir=directory)
     os.close(fd)
+    from . import _contract
+    contract = _contract.expected(yaml_path, fused=format)  # docs/deploy.md
     try:
         if format == "onnx":
-            _save_onnx(build_onnx(the_plan, manager), tmp, out)
+            fused = build_onnx(the_plan, manager)
+            _contract.set_onnx(fused, contract)
+            _save_onnx(fused, tmp, out)
+            del fused
         else:
             module = build_torchscript(the_plan, manager)
-            extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(the_plan.metadata())}
+            extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(the_plan.metadata()),
+                     _contract.EXTRA_FILE: _contract.dumps(contract)}
             from .backends import save_via_memory
             save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
         validate(tmp, manager, validate_steps, rtol, atol, shown=shown)

@@ -280,6 +280,11 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
         pipeline["initial_values"] = initial
     pipeline["inputs"] = built["inputs"]
     pipeline["outputs"] = built["outputs"]
+    if not skip_export:  # each model carries its contract, written before its checksums
+        from ._contract import stamp_compiled
+        stamp_compiled(cfg.graph_name, nodes, exported, pipeline, staging, cache,
+                       {"leapp config version": __config_version__, "leapp version": __version__})
+        cache.write()
     section(f"Compiling graph parameters for {len(nodes)} nodes")
     models = {n.name: _model_entry(n, exported.get(n.name), bundle, staging) for n in nodes}
     stats = built["statistics"]
@@ -292,6 +297,8 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     model = Pipeline.from_compile(models, pipeline, system_information())
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
         handle.write(model.to_yaml())
+    from ._deploy_check import log_compile
+    log_compile(model, None if skip_export else staging)
     if visualize:
         _visualize(staging, bundle, cfg.graph_name, model)
     written = os.listdir(staging)

@@ -1,0 +1,225 @@
+"""`leapp check --deploy` (leapp._deploy_check, docs/deploy.md).
+
+One complete bundle (kinds, joint names, frequency, declared state, fused
+model) passes with status 0; copies of it, each made incomplete in one way,
+fail the check that names the missing piece, its node, port and fix, with
+status 1; an unreadable bundle is status 2.  compile_graph logs the same
+findings as warnings and still writes the bundle.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+
+import leapp
+from leapp import GraphConfigs, InputKindEnum, OutputKindEnum, TensorSemantics, annotate
+from leapp import _core
+from leapp._deploy_check import FAIL, PASS, WARN, check_bundle
+from leapp._digest import file_digests
+from leapp.cli import main
+
+JOINTS = ["hip", "knee", "ankle"]
+
+
+def _trace(root: str, name: str = "robot", frequency: float | None = 50.0,
+           output_kind: OutputKindEnum | None = OutputKindEnum.JOINT_POSITION,
+           names: list | None = JOINTS, dtype: torch.dtype = torch.float32,
+           fuse: bool = True) -> str:
+    torch.manual_seed(0)
+    cell = torch.nn.Linear(3 + 4, 4)
+    head = torch.nn.Linear(4, 3)
+    leapp.start(name, save_path=root)
+    with torch.no_grad():
+        h0 = torch.zeros(1, 4)
+        for _ in range(2):
+            q = annotate.input_tensors("encoder", [TensorSemantics(
+                name="q", ref=torch.randn(1, 3), kind=InputKindEnum.JOINT_POSITION,
+                element_names=JOINTS)])
+            h = annotate.state_tensors("encoder", {"h": h0})
+            nh = torch.tanh(cell(torch.cat([q, h], dim=-1)))
+            annotate.update_state("encoder", {"h": nh})
+            z = annotate.output_tensors("encoder", {"z": nh * 2.0}, export_with="jit")
+            x = annotate.input_tensors("policy", {"z": z})
+            action = torch.tanh(head(x)).to(dtype)
+            annotate.output_tensors("policy", [TensorSemantics(
+                name="action", ref=action, kind=output_kind, element_names=names)],
+                export_with="jit")
+    leapp.stop()
+    configs = GraphConfigs(frequency=frequency) if frequency else None
+    leapp.compile_graph(visualize=False, graph_configs=configs, fuse=fuse)
+    return os.path.join(root, name, f"{name}.yaml")
+
+
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory) -> str:
+    return _trace(str(tmp_path_factory.mktemp("complete")))
+
+
+@pytest.fixture
+def bundle(complete, tmp_path) -> str:
+    """A copy of the complete bundle to spoil."""
+    target = tmp_path / "robot"
+    shutil.copytree(os.path.dirname(complete), target)
+    return str(target / "robot.yaml")
+
+
+def _edit(yaml_path: str, change) -> None:
+    """Rewrite the YAML's documents through change(documents) (as the emitter writes them)."""
+    with open(yaml_path) as handle:
+        merged = yaml.safe_load(handle)
+    change(merged)
+    documents = [{k: v} for k, v in merged.items()]
+    with open(yaml_path, "w") as handle:
+        handle.write(_core.emit_yaml(documents))
+
+
+def _failed(findings, check: str) -> list:
+    return [f for f in findings if f.check == check and f.status == FAIL]
+
+
+def test_complete_bundle_passes_with_status_0(complete, capsys):
+    findings = check_bundle(complete)
+    assert [f for f in findings if f.status != PASS] == []
+    assert {f.check for f in findings} == {"kind", "element_names", "claims", "initial_values",
+                                           "frequency", "boundary", "model", "fused"}
+    assert main(["check", "--deploy", complete]) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out and "PASS  fused" in out
+
+
+def test_missing_kind_fails_naming_the_port(bundle, capsys):
+    def drop(docs):
+        del docs["models"]["policy"]["outputs"][0]["kind"]
+    _edit(bundle, drop)
+    found = _failed(check_bundle(bundle), "kind")
+    assert [(f.node, f.port) for f in found] == [("policy", "action")]
+    assert "OutputKindEnum" in found[0].fix
+    assert main(["check", "--deploy", bundle]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL  kind" in captured.out and "policy/action" in captured.out
+    assert "deploy check(s) failed" in captured.err
+
+
+@pytest.mark.parametrize("names, message", [
+    (None, "no element_names name the joints"),
+    ([["hip", "knee"]], "name 2 elements but the last axis"),
+])
+def test_joint_level_kind_needs_matching_element_names(bundle, names, message):
+    def change(docs):
+        port = docs["models"]["encoder"]["inputs"][0]
+        if names is None:
+            del port["element_names"]
+        else:
+            port["element_names"] = names
+    _edit(bundle, change)
+    found = _failed(check_bundle(bundle), "element_names")
+    assert [(f.node, f.port) for f in found] == [("encoder", "q")]
+    assert message in found[0].message and "element_names=[...]" in found[0].fix
+
+
+def test_two_outputs_claiming_one_joint_fail(tmp_path):
+    def second(docs):
+        docs["models"]["encoder"]["outputs"][0].update(
+            kind="target/joint/position", element_names=[[f"j{i}" for i in range(3)] + ["hip"]])
+        docs["pipeline"]["outputs"]["encoder"] = ["z"]
+    yaml_path = _trace(str(tmp_path), fuse=False)
+    _edit(yaml_path, second)
+    found = _failed(check_bundle(yaml_path), "claims")
+    assert len(found) == 1 and "'hip'" in found[0].message
+    assert {found[0].node, found[0].port} <= {"encoder", "z", "policy", "action"}
+
+
+def test_feedback_target_without_initial_value_fails(bundle):
+    from safetensors.torch import save_file
+    directory = os.path.dirname(bundle)
+    save_file({"other/x": torch.zeros(1)}, os.path.join(directory, "robot_initial_values"
+                                                                     ".safetensors"))
+    found = _failed(check_bundle(bundle), "initial_values")
+    assert len(found) == 1 and found[0].node == "encoder" and "no initial value" in \
+        found[0].message
+    assert main(["check", "--deploy", bundle]) == 1
+
+
+def test_missing_frequency_fails(bundle):
+    def drop(docs):
+        del docs["pipeline"]["configs"]
+    _edit(bundle, drop)
+    found = _failed(check_bundle(bundle), "frequency")
+    assert len(found) == 1 and "GraphConfigs(frequency=" in found[0].fix
+
+
+def test_float64_at_the_boundary_fails(tmp_path):
+    yaml_path = _trace(str(tmp_path), dtype=torch.float64, fuse=False)
+    found = _failed(check_bundle(yaml_path), "boundary")
+    assert [(f.node, f.port) for f in found] == [("policy", "action")]
+    assert "float64" in found[0].message and "float32" in found[0].fix
+
+
+def test_altered_model_file_fails_its_checksum(bundle):
+    path = os.path.join(os.path.dirname(bundle), "policy.pt")
+    with open(path, "ab") as handle:
+        handle.write(b"\0")
+    found = _failed(check_bundle(bundle), "model")
+    assert [f.node for f in found] == ["policy"] and "sha256" in found[0].message
+
+
+def test_contract_differing_from_the_yaml_fails(bundle):
+    """A hand edit of the YAML (a joint renamed) no longer matches what the model carries."""
+    def rename(docs):
+        docs["models"]["policy"]["outputs"][0]["element_names"] = [["hip", "knee", "toe"]]
+    _edit(bundle, rename)
+    found = _failed(check_bundle(bundle), "model")
+    assert [f.node for f in found] == ["policy"]
+    assert "contract differs" in found[0].message and "toe" in found[0].message
+    fused = _failed(check_bundle(bundle), "fused")
+    assert len(fused) == 1 and "contract differs" in fused[0].message
+
+
+def test_altered_fused_model_fails(bundle):
+    path = os.path.join(os.path.dirname(bundle), "robot_fused.onnx")
+    with open(path, "ab") as handle:
+        handle.write(b"\0")
+    found = _failed(check_bundle(bundle), "fused")
+    assert len(found) == 1 and "sha256" in found[0].message
+
+
+def test_model_without_contract_and_bundle_without_fused_model_warn(bundle):
+    from leapp._contract import EXTRA_FILE
+    import zipfile
+    path = os.path.join(os.path.dirname(bundle), "encoder.pt")
+    with zipfile.ZipFile(path) as archive:
+        entries = [(i, archive.read(i)) for i in archive.infolist()
+                   if not i.filename.endswith(EXTRA_FILE)]
+    with zipfile.ZipFile(path, "w") as archive:
+        for info, data in entries:
+            archive.writestr(info, data)
+
+    def unfuse(docs):
+        del docs["fused"]
+        docs["models"]["encoder"]["parameters"]["sha256sum"] = file_digests(path)[0]
+    _edit(bundle, unfuse)
+    findings = check_bundle(bundle)
+    warned = {(f.check, f.node) for f in findings if f.status == WARN}
+    assert warned == {("model", "encoder"), ("fused", None)}
+    assert main(["check", "--deploy", bundle]) == 0  # warnings alone pass
+
+
+def test_unreadable_bundle_is_status_2(tmp_path, capsys):
+    assert main(["check", "--deploy", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_compile_graph_logs_the_findings_as_warnings_and_writes_the_bundle(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        yaml_path = _trace(str(tmp_path), frequency=None, output_kind=None, names=None,
+                           fuse=False)
+    assert os.path.exists(yaml_path)
+    messages = [r.getMessage() for r in caplog.records if "Deploy check" in r.getMessage()]
+    assert any("'kind'" in m and "policy/action" in m for m in messages)
+    assert any("'frequency'" in m for m in messages)
+    assert not any("'initial_values'" in m for m in messages)
