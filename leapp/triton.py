@@ -429,7 +429,16 @@ def _batched_model(staging: str, fused_model: str) -> tuple[str, dict[str, Any]]
         return None
     path = os.path.join(staging, ".batched.onnx")
     _save_onnx(batched, path, path)
-    return path, read_metadata(path)
+    metadata = read_metadata(path)
+    from ._batched import robot_major_shape
+    scalar = [p["name"] for p in metadata["inputs"] if not robot_major_shape(p)]
+    if scalar:
+        # Triton writes a batched [robots] tensor as dims [1]: the robot would have to send
+        # [1, 1] where it sends [1] today
+        logger.warning("Input %r has shape [1]: a batched Triton model would take it as "
+                       "[1, 1], so the repository serves one robot per request", scalar[0])
+        return None
+    return path, metadata
 
 
 def _candidates(fleet_size: int, native: bool) -> int:
@@ -482,10 +491,10 @@ def _fleet(staging: str, name: str, batched: tuple[str, dict[str, Any]], serve_w
     result.sequence = sequence
     result.max_batch_size = fleet_size
     result.fleet_size = fleet_size if sequence else 0
-    # what one robot sends and gets: its row, with a leading dimension of 1
-    result.inputs.update({t: (_types(p.dtype, t)[1], [1] + list(p.shape)) for t, p in data_in})
-    result.outputs.update({t: (_types(p.dtype, t)[1], [1] + list(p.shape))
-                           for t, p in data_out})
+    # what one robot sends and gets: its row, with a leading dimension of 1 (an output
+    # whose bundle shape has none, a static one say, gets one: see docs/triton.md)
+    result.inputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_in})
+    result.outputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_out})
 
 
 def _feed_forward_fused(staging: str, yaml_path: str, graph: str, model: Pipeline,

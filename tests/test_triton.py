@@ -32,6 +32,7 @@ from leapp import cli  # noqa: E402
 from leapp.triton import TritonRepositoryError, read_config, write_repository  # noqa: E402
 
 FF_GRAPH, FB_GRAPH, FLEET_GRAPH = "ff_triton", "fb_triton", "fleet_triton"
+FLEET = 8  # robots of the served fleet
 WEIGHTS = torch.linspace(-1.0, 1.0, 18).reshape(6, 3)
 INITIAL_MEMORY = torch.tensor([0.3, -0.2])
 
@@ -362,10 +363,11 @@ def server(bundles, tmp_path_factory):
     served = root / "repository"
     served.mkdir()
     entries = {}
-    for key, fused in (("ff", None), ("fb", bundles["fused"])):
+    for key, fused, size in (("ff", None, None), ("fb", bundles["fused"], None),
+                             ("fleet", None, FLEET)):
         part = root / key
         result = write_repository(bundles[key], str(part), serve_with="python",
-                                  fused_model=fused)
+                                  fused_model=fused, fleet_size=size)
         for model in result.models:  # one repository, one server start for both
             os.rename(part / model, served / model)
         entries[key] = result
@@ -433,6 +435,46 @@ def test_served_ensemble(bundles, server):
         for name, want in reference.run_policy(feed).items():
             got = result.as_numpy(name)
             assert got.dtype == want.numpy().dtype, name
+            # an output without a leading dimension of 1 arrives with one (docs/triton.md)
+            assert list(got.shape) == entry.outputs[name][1], name
+            got = got.reshape(want.shape)
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
     client.close()
 
+
+
+def test_served_fleet(bundles, server):
+    """8 robots step together (one batch per step), each equal to its own InferenceManager."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    triton, entries = server
+    entry = entries["fleet"]
+    client = http.InferenceServerClient(triton.http_url, concurrency=FLEET + 1)
+    robots = {100 + r: InferenceManager(bundles["fleet"]) for r in range(FLEET)}
+    generator = torch.Generator().manual_seed(4)
+    before = client.get_inference_statistics(entry.entry)["model_stats"][0]
+    steps = 5
+    for step in range(steps):
+        feeds = {robot: torch.randn(1, 3, generator=generator) for robot in robots}
+        pending = {robot: client.async_infer(
+            entry.entry, [_infer_input(http, "policy/obs", obs, "FP32")], sequence_id=robot,
+            sequence_start=step == 0, sequence_end=step == steps - 1)
+            for robot, obs in feeds.items()}
+        if step == 1:  # one robot more than the fleet: refused at once, not left waiting
+            extra = _infer_input(http, "policy/obs", torch.zeros(1, 3), "FP32")
+            with pytest.raises(InferenceServerException, match="the fleet is full: 8 robots"):
+                client.infer(entry.entry, [extra], sequence_id=999, sequence_start=True,
+                             sequence_end=True)
+        for robot, request in pending.items():
+            got = request.get_result().as_numpy("act/action")
+            want = robots[robot].run_policy({"policy/obs": feeds[robot]})["act/action"]
+            assert got.shape == tuple(want.shape)
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"robot {robot} step {step}")
+    after = client.get_inference_statistics(entry.entry)["model_stats"][0]
+    requests = int(after["inference_count"]) - int(before["inference_count"])
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert requests == FLEET * steps + 1  # the refused robot's request was executed too
+    # robots share executions: fewer model runs than requests
+    assert executions < requests, (executions, requests)
+    client.close()
