@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-FLEET_SIZE = 1024
+FLEET_SIZE = int(os.environ.get("LEAPP_BENCH_FLEET_SIZE", "1024"))
 IM_MANAGERS = 32
 
 
