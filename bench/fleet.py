@@ -1,6 +1,6 @@
 """A fleet of robots: InferenceManager loop vs the in-process FleetRunner vs a served Triton fleet.
 
-    python bench/fleet.py [--robots 1,8,32,128,1000] [--seconds 10] [--long-seconds 60]
+    python bench/fleet.py [--robots 1,8,32,128] [--seconds 10] [--long-seconds 60]
 
 The pipeline is W7's 4-node locomotion pipeline (bench/w7_compile.py: onnx
 normaliser, jit GRU cell with declared state, jit-trace actor, pt2 scaler
@@ -13,7 +13,7 @@ sends its next observation when its action came back):
 * ``runner``: ``leapp.fleet.FleetRunner``, one onnxruntime call per step for
   all N robots (the batched fused model);
 * ``served``: the repository ``leapp triton --serve-with python`` writes
-  (batched by default, fleet size 1024) in the nvidia-pytriton wheel's
+  (batched by default, fleet size 128) in the nvidia-pytriton wheel's
   ``tritonserver``, N robots over one gRPC stream (each its own sequence).
 
 Figures per point: robot-steps/s, p50 / p99 latency of a robot's step
@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-FLEET_SIZE = int(os.environ.get("LEAPP_BENCH_FLEET_SIZE", "1024"))
+FLEET_SIZE = int(os.environ.get("LEAPP_BENCH_FLEET_SIZE", "128"))
 IM_MANAGERS = 32
 
 
@@ -209,7 +209,7 @@ def _spot_check(yaml_path: str, spot: dict) -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--robots", default="1,8,32,128,1000")
+    parser.add_argument("--robots", default="1,8,32,128")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--long-seconds", type=float, default=60.0)
     parser.add_argument("--skip-served", action="store_true")

@@ -172,9 +172,24 @@ def _random(shape: list[int], dtype: str, rng: np.random.Generator) -> np.ndarra
     return rng.integers(0, 2, shape).astype(_np_dtype(dtype))
 
 
+def initial_values(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``{state input: initial value}`` (torch tensors, the bundle's shapes) from the metadata."""
+    import base64
+
+    import torch
+
+    from .pipeline import torch_dtype
+    values = {}
+    for entry in metadata["state"]:
+        dtype = torch_dtype(entry["dtype"], entry["input"])
+        raw = bytearray(base64.b64decode(entry["initial"]["data"]))
+        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        values[entry["input"]] = flat.reshape(entry["shape"]).clone()
+    return values
+
+
 def _initial(metadata: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    from .fusion import initial_state
-    return {k: v.numpy() for k, v in initial_state(metadata).items()}
+    return {k: v.numpy() for k, v in initial_values(metadata).items()}
 
 
 def _close(want: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> bool:
@@ -269,11 +284,14 @@ def _candidates(metadata: Mapping[str, Any]) -> list[dict[str, int]]:
     return layouts
 
 
+#: Metadata key of a fused model (``leapp.fusion.METADATA_KEY``).
+METADATA_KEY = "leapp_fused"
+
+
 def batch_model(model: Any, steps: int = 12, seed: int = 0) -> Any:
     """The batched ``ModelProto`` of a one-robot fused ``ModelProto`` (checked robot by robot)."""
     from onnx import helper
 
-    from .fusion import METADATA_KEY
     metadata = json.loads(next(p.value for p in model.metadata_props if p.key == METADATA_KEY))
     if metadata.get("batched"):
         raise BatchError("the fused model is batched already")
@@ -308,6 +326,47 @@ def batch_model(model: Any, steps: int = 12, seed: int = 0) -> Any:
                      + "; ".join(tried[:4]) + "). A node probably fixes the batch size inside "
                      "(a reshape or expand to a constant shape): make it keep the leading "
                      "dimension (x.reshape(x.shape[0], -1)), compile again and fuse again")
+
+
+def check_per_robot(path: str, metadata: Mapping[str, Any], managers: list[Any],
+                    steps: int, rtol: float, atol: float, seed: int = 0) -> str | None:
+    """Run the batched model at ``path`` next to one ``InferenceManager`` per robot.
+
+    Each robot gets its own random inputs each step, and robot 1 is reset
+    halfway so that the robots' states differ.  Returns None, or the first
+    difference in words.
+    """
+    import torch
+    session = _session(path)
+    robots = len(managers)
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(seed)
+    initial = _initial(metadata)
+    state = {s["input"]: np.stack([initial[s["input"]].reshape(robot_major_shape(s))] * robots)
+             for s in metadata["state"]}
+    for step in range(steps):
+        if step == steps // 2 and robots > 1:
+            managers[1].reset()
+            for s in metadata["state"]:
+                state[s["input"]][1] = initial[s["input"]].reshape(robot_major_shape(s))
+        feeds = [{p["name"]: _random(list(p["shape"]), p["dtype"], rng)
+                  for p in metadata["inputs"]} for _ in range(robots)]
+        feed = {p["name"]: np.stack([f[p["name"]].reshape(robot_major_shape(p)) for f in feeds])
+                for p in metadata["inputs"]}
+        feed.update(state)
+        got = dict(zip(names, session.run(None, feed)))
+        for s in metadata["state"]:
+            state[s["input"]] = got[s["output"]]
+        for r, manager in enumerate(managers):
+            want = manager.run_policy({k: torch.from_numpy(v.copy()) for k, v in feeds[r].items()})
+            for port in metadata["outputs"]:
+                key = port.get("key", port["name"])
+                expected = want[key].detach().cpu().numpy()
+                row = got[port["name"]][r].reshape(expected.shape) \
+                    if got[port["name"]][r].size == expected.size else None
+                if row is None or not _close(expected, row, rtol, atol):
+                    return f"step {step}, robot {r}: {key!r} differs from InferenceManager's"
+    return None
 
 
 def robot_major_shape(port: Mapping[str, Any]) -> list[int]:

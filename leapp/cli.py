@@ -256,8 +256,8 @@ def _parser() -> argparse.ArgumentParser:
                         "repository")
     triton.add_argument("--fleet-size", "--max-sequences", type=_positive, default=None,
                         metavar="N", dest="fleet_size",
-                        help="robots (correlation IDs) served at once (default 128, at most "
-                        "1024); a robot beyond it is refused")
+                        help="robots (correlation IDs) served at once (default and most: 128); "
+                        "a robot beyond it is refused")
     triton.add_argument("--no-batch", action="store_true",
                         help="one robot per request: an ensemble of one model per node, or "
                         "the one-robot fused model")

@@ -207,35 +207,22 @@ def validate_fleet(model: str, yaml_path: str, robots: int = 3, steps: int = 12,
                    allow_external_paths: bool = False, shown: str | None = None) -> None:
     """Run a batched fused model for ``robots`` robots next to one ``InferenceManager`` each.
 
-    Every robot gets its own random inputs each step; a robot is reset halfway
+    Every robot gets its own random inputs each step; robot 1 is reset halfway
     so that the robots' states differ.  Raises ``FuseError`` naming the step,
     the robot and the output that differs.
     """
-    from .fusion import FuseError, _close, _random
+    from ._batched import check_per_robot
+    from .fusion import FuseError, read_metadata
     from .inference_manager import InferenceManager
 
-    shown = model if shown is None else shown
-    fleet = FleetRunner(model, robots)
     managers = [InferenceManager(yaml_path, allow_external_paths=allow_external_paths)
                 for _ in range(robots)]
-    generator = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        if step == steps // 2 and robots > 1:
-            fleet.reset(1)
-            managers[1].reset()
-        feeds = {r: {p["name"]: _random(tuple(p["shape"]), managers[r], p["name"], generator)
-                     for p in fleet.metadata["inputs"]} for r in range(robots)}
-        got = fleet.step_robots(feeds)
-        for r in range(robots):
-            want = managers[r].run_policy({k: v.clone() for k, v in feeds[r].items()})
-            for key in fleet.output_keys:
-                if not _close(want[key], got[r][key].to(want[key].dtype), rtol, atol) \
-                        or want[key].shape != got[r][key].shape:
-                    raise FuseError(f"Batched fused model {shown}: step {step}, robot {r}: "
-                                    f"{key!r} differs from InferenceManager's. The bundle was "
-                                    "not batched faithfully: please report it.")
+    problem = check_per_robot(model, read_metadata(model), managers, steps, rtol, atol, seed)
+    if problem is not None:
+        raise FuseError(f"Batched fused model {shown or model}: {problem}. The bundle was not "
+                        "batched faithfully: please report it.")
     logger.info("Batched fused model %s matches InferenceManager for %d robots over %d steps",
-                shown, robots, steps)
+                shown or model, robots, steps)
 
 
 __all__ = ["FleetRunner", "FleetError", "validate_fleet", "BatchError"]

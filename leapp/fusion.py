@@ -861,7 +861,8 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
     os.close(fd)
     try:
         if batch:
-            _fuse_batched(the_plan, manager, tmp, out, validate_steps, rtol, atol, shown)
+            _fuse_batched(the_plan, manager, tmp, out, validate_steps, rtol, atol, shown,
+                          allow_external_paths)
         elif format == "onnx":
             _save_onnx(build_onnx(the_plan, manager), tmp, out)
         else:
@@ -887,10 +888,10 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
 
 
 def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, rtol: float,
-                  atol: float, shown: str) -> None:
+                  atol: float, shown: str, allow_external_paths: bool) -> None:
     """fuse(batch=True): the one-robot model, checked, then batched and checked per robot."""
     from . import _batched
-    from .fleet import validate_fleet
+    from .inference_manager import InferenceManager
     single = build_onnx(the_plan, manager)
     _save_onnx(single, tmp, out)
     validate(tmp, manager, steps, rtol, atol, shown=shown)
@@ -899,8 +900,15 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
     except _batched.BatchError as exc:
         _fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
     _save_onnx(batched, tmp, out)
-    validate_fleet(tmp, manager.model_path, robots=_batched.CHECK_ROBOTS, steps=steps,
-                   rtol=max(rtol, 1e-4), atol=atol, shown=shown)
+    manager.reset()
+    managers = [manager] + [InferenceManager(manager.model_path,
+                                                             allow_external_paths=allow_external_paths)
+                            for _ in range(_batched.CHECK_ROBOTS - 1)]
+    problem = _batched.check_per_robot(tmp, read_metadata(tmp), managers, steps,
+                                       max(rtol, 1e-4), atol)
+    if problem is not None:
+        _fail(f"Batched fused model {quote(shown)}: {problem}. The bundle was not batched "
+              "faithfully: please report it.")
 
 
 def fuse_staged(staging: str, bundle: str, graph: str,

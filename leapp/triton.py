@@ -46,7 +46,7 @@ SPEC_FILE = "leapp_model.json"
 #: Robots served at once when no fleet size is given.
 DEFAULT_FLEET_SIZE = 128
 #: Largest fleet size a repository is written for (see docs/triton.md, "Fleet size").
-MAX_FLEET_SIZE = 1024
+MAX_FLEET_SIZE = 128
 #: How long the batcher waits to fill a batch, by default (microseconds).
 DEFAULT_QUEUE_DELAY_US = 1000
 #: Accepted values of ``instances``.
