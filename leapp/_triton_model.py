@@ -6,6 +6,12 @@
 * ``{"kind": "node", ...}``: one node of a feed-forward bundle, loaded by
   ``InferenceNode`` (the loader ``InferenceManager`` uses: checksum, confined
   path, pt2 never unpickled) from the model file copied beside this one;
+* ``{"kind": "fleet", ...}``: the batched fused model (``leapp.fuse(...,
+  batch=True)``) under Triton's batching: every request of one ``execute()``
+  (one robot each) goes into one onnxruntime run, one intra-op thread that does
+  not spin.  With feedback, each robot's state (one row) is kept here by its
+  ``CORRID``, as below; a robot beyond the configured fleet size is refused
+  with an error at its first request instead of waiting;
 * ``{"kind": "sequence", ...}``: the fused model of a bundle with feedback,
   run by ``leapp.fusion.FusedModel``.  Triton's python backend does not carry
   the sequence batcher's implicit state, so the state of each sequence lives
@@ -56,7 +62,9 @@ class TritonPythonModel:
         with open(os.path.join(here, SPEC_FILE)) as handle:
             self.spec = json.load(handle)
         self.kind = self.spec["kind"]
-        if self.kind == "node":
+        if self.kind == "fleet":
+            self._fleet_init(os.path.join(here, self.spec["model_file"]))
+        elif self.kind == "node":
             from leapp.inference_manager import InferenceNode
             self.node = InferenceNode(self.spec["node"], self.spec["description"], here)
         else:
@@ -66,6 +74,8 @@ class TritonPythonModel:
             self.states: dict[int, dict[str, torch.Tensor]] = {}
 
     def execute(self, requests: list) -> list:
+        if self.kind == "fleet":
+            return self._fleet(requests)
         responses = []
         for request in requests:
             try:
@@ -105,6 +115,81 @@ class TritonPythonModel:
         keys = getattr(model, "output_keys", model.output_names)
         return pb_utils.InferenceResponse(
             [_output(name, outputs[key]) for name, key in zip(model.output_names, keys)])
+
+    # ---- the batched fused model: one onnxruntime run per execute() ----------------------
+
+    def _fleet_init(self, path: str) -> None:
+        import onnxruntime as ort
+
+        from leapp._batched import robot_major_shape
+        from leapp.fusion import initial_state, read_metadata
+        metadata = read_metadata(path)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.input_names = [p["name"] for p in metadata["inputs"]]
+        self.output_names = [p["name"] for p in metadata["outputs"]]
+        self.state_inputs = [s["input"] for s in metadata["state"]]
+        self.initial = {name: value.numpy().reshape([1] + robot_major_shape(s))
+                        for (name, value), s in zip(initial_state(metadata).items(),
+                                                    metadata["state"])}
+        self.fleet_size = int(self.spec["fleet_size"])
+        self.states = {}
+
+    def _error(self, message: str) -> Any:
+        return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+            f"leapp fleet {self.spec['name']!r}: {message}"))
+
+    def _fleet(self, requests: list) -> list:
+        import numpy as np
+        responses: list = [None] * len(requests)
+        taken, rows, ends = [], [], []
+        for i, request in enumerate(requests):
+            try:
+                feed = {name: _input(request, name).numpy() for name in self.input_names}
+                if any(value.shape[0] != 1 for value in feed.values()):
+                    raise ValueError("one robot per request: the leading dimension must be 1")
+                if self.state_inputs:
+                    corrid = int(_input(request, "CORRID").reshape(-1)[0])
+                    start = bool(_input(request, "START").reshape(-1)[0])
+                    if start or corrid not in self.states:
+                        if corrid not in self.states and len(self.states) >= self.fleet_size:
+                            raise RuntimeError(
+                                f"the fleet is full: {self.fleet_size} robots are being "
+                                "served (the repository's fleet size); end a robot's "
+                                "sequence, or write the repository with a larger "
+                                "--fleet-size")
+                        self.states[corrid] = dict(self.initial)
+                    feed.update(self.states[corrid])
+                    ends.append(bool(_input(request, "END").reshape(-1)[0]))
+                    rows.append(corrid)
+                taken.append((i, feed))
+            except Exception as exc:  # one bad request must not fail the others
+                responses[i] = self._error(f"{type(exc).__name__}: {exc}")
+        if taken:
+            names = self.input_names + self.state_inputs
+            feed = {name: np.concatenate([f[name] for _, f in taken]) for name in names}
+            try:
+                results = self.session.run(None, feed)
+            except Exception as exc:
+                for i, _ in taken:
+                    responses[i] = self._error(f"{type(exc).__name__}: {exc}")
+                return responses
+            count = len(self.output_names)
+            for k, (i, _) in enumerate(taken):
+                responses[i] = pb_utils.InferenceResponse([
+                    _output(name, torch.from_numpy(value[k:k + 1]))
+                    for name, value in zip(self.output_names, results[:count])])
+            for k, corrid in enumerate(rows):
+                if ends[k]:
+                    self.states.pop(corrid, None)
+                else:
+                    self.states[corrid] = {name: value[k:k + 1].copy() for name, value
+                                           in zip(self.state_inputs, results[count:])}
+        return responses
 
     def finalize(self) -> None:
         self.states = {}

@@ -258,14 +258,18 @@ def cmd_triton(args: argparse.Namespace, out: Any) -> int:
     from .triton import TritonRepositoryError, write_repository
     try:
         repository = write_repository(args.bundle, args.repository, serve_with=args.serve_with,
-                                      fused_model=args.fused,
-                                      max_sequences=args.max_sequences)
+                                      fused_model=args.fused, fleet_size=args.fleet_size,
+                                      batch=not args.no_batch,
+                                      queue_delay_us=args.queue_delay_us,
+                                      instances=args.instances)
     except (TritonRepositoryError, FileExistsError, ImportError) as exc:
         raise BundleError(_one_line(exc)) from exc
     except FuseError as exc:
         raise CheckFailed(_one_line(exc)) from exc
-    kind = "a sequence model (one state per correlation ID)" if repository.sequence \
-        else "an ensemble"
+    kind = "a sequence model (one state per correlation ID)" if repository.sequence else \
+        ("a batched model" if repository.max_batch_size else "an ensemble")
+    if repository.max_batch_size:
+        kind += f", up to {repository.max_batch_size} robots per execution"
     print(f"wrote {repository.path}: {len(repository.models)} model(s), serve_with="
           f"{args.serve_with}", file=out)
     print(f"call {repository.entry!r}, {kind}", file=out)
@@ -326,8 +330,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="a fused model of the bundle (leapp.fuse) to serve; by default "
                         "the one the YAML records, else the bundle is fused for the "
                         "repository")
-    triton.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
-                        help="robots (correlation IDs) served at once (default 64)")
+    triton.add_argument("--fleet-size", "--max-sequences", type=_positive, default=None,
+                        metavar="N", dest="fleet_size",
+                        help="robots (correlation IDs) served at once (default and most: 128); "
+                        "a robot beyond it is refused")
+    triton.add_argument("--no-batch", action="store_true",
+                        help="one robot per request: an ensemble of one model per node, or "
+                        "the one-robot fused model")
+    triton.add_argument("--queue-delay-us", type=int, default=1000, metavar="US",
+                        help="how long the batcher waits to fill a batch (default 1000)")
+    triton.add_argument("--instances", choices=("cpu", "gpu"), default="cpu",
+                        help="the model instance group's kind (default cpu)")
     triton.set_defaults(run=cmd_triton)
     return parser
 

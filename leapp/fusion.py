@@ -594,6 +594,9 @@ class FusedModel:
     def __init__(self, path: str, providers: list[str] | None = None) -> None:
         self.path = os.fspath(path)
         self.metadata = read_metadata(self.path)
+        if self.metadata.get("batched"):
+            raise FuseError(f"{quote(self.path)} is a batched fused model: run it with "
+                            "leapp.fleet.FleetRunner")
         self.input_names = [p["name"] for p in self.metadata["inputs"]]
         self.output_names = [p["name"] for p in self.metadata["outputs"]]
         #: the YAML's "node/port" of each output (``step`` returns these keys)
@@ -803,7 +806,8 @@ def _without_section(text: str, key: str) -> str:
 
 def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
          validate_steps: int = VALIDATION_STEPS, rtol: float = 1e-3, atol: float = 1e-5,
-         allow_external_paths: bool = False, _shown_dir: str | None = None) -> str:
+         allow_external_paths: bool = False, batch: bool = False,
+         _shown_dir: str | None = None) -> str:
     """Fuse a compiled bundle into one model that runs one step of the whole pipeline.
 
     Args:
@@ -815,6 +819,11 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
             (state carried across) before it is accepted; at least 10.
         rtol, atol: tolerances of that comparison (integers and booleans exact).
         allow_external_paths: as for ``InferenceManager`` (trusted bundles only).
+        batch: write the batched model instead (ONNX only; default file
+            ``<pipeline>_fused_batched.onnx``, not recorded in the YAML): it steps
+            any number of robots at once, every data input, output and state
+            robot-major, and is checked robot by robot against one
+            ``InferenceManager`` per robot (see ``leapp.fleet``).
 
     Returns:
         The path of the fused model.  When it lies inside the bundle directory,
@@ -831,6 +840,9 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
 
     if format not in FORMATS:
         raise ValueError(f"leapp.fuse(format={format!r}): expected one of {sorted(FORMATS)}")
+    if batch and format != "onnx":
+        raise ValueError(f"leapp.fuse(batch=True, format={format!r}): only the ONNX fused "
+                         "model is batched")
     if not isinstance(validate_steps, int) or validate_steps < 10:
         raise ValueError(f"leapp.fuse(validate_steps={validate_steps!r}): at least 10 steps "
                          "are needed to check feedback")
@@ -838,7 +850,8 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
     manager = InferenceManager(yaml_path, allow_external_paths=allow_external_paths)
     the_plan = plan(manager)
     if out is None:
-        out = os.path.join(the_plan.bundle_dir, f"{the_plan.pipeline}_fused{FORMATS[format]}")
+        stem = f"{the_plan.pipeline}_fused" + ("_batched" if batch else "")
+        out = os.path.join(the_plan.bundle_dir, stem + FORMATS[format])
     out = os.fspath(out)
     directory = os.path.dirname(os.path.abspath(out))
     os.makedirs(directory, exist_ok=True)
@@ -849,7 +862,10 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
     from . import _contract
     contract = _contract.expected(yaml_path, fused=format)  # docs/deploy.md
     try:
-        if format == "onnx":
+        if batch:
+            _fuse_batched(the_plan, manager, tmp, out, validate_steps, rtol, atol, shown,
+                          allow_external_paths, contract)
+        elif format == "onnx":
             fused = build_onnx(the_plan, manager)
             _contract.set_onnx(fused, contract)
             _save_onnx(fused, tmp, out)
@@ -860,7 +876,8 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
                      _contract.EXTRA_FILE: _contract.dumps(contract)}
             from .backends import save_via_memory
             save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
-        validate(tmp, manager, validate_steps, rtol, atol, shown=shown)
+        if not batch:
+            validate(tmp, manager, validate_steps, rtol, atol, shown=shown)
         from ._publish import _umask
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is no file mode of a bundle
         os.replace(tmp, out)
@@ -869,10 +886,38 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
             if os.path.exists(leftover):
                 os.unlink(leftover)
         raise
-    logger.info("Fused %d nodes of %s into %s (%d state pairs)", len(the_plan.order),
-                the_plan.pipeline, shown, len(the_plan.states))
-    record(yaml_path, out, format)
+    logger.info("Fused %d nodes of %s into %s (%d state pairs%s)", len(the_plan.order),
+                the_plan.pipeline, shown, len(the_plan.states), ", batched" if batch else "")
+    if not batch:
+        record(yaml_path, out, format)
     return out
+
+
+def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, rtol: float,
+                  atol: float, shown: str, allow_external_paths: bool,
+                  contract: Mapping[str, Any]) -> None:
+    """fuse(batch=True): the one-robot model, checked, then batched and checked per robot."""
+    from . import _batched
+    from .inference_manager import InferenceManager
+    single = build_onnx(the_plan, manager)
+    _contract.set_onnx(single, contract)
+    _save_onnx(single, tmp, out)
+    validate(tmp, manager, steps, rtol, atol, shown=shown)
+    try:
+        batched = _batched.batch_model(single, steps=steps)
+    except _batched.BatchError as exc:
+        _fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
+    _contract.set_onnx(batched, contract)
+    _save_onnx(batched, tmp, out)
+    manager.reset()
+    managers = [manager] + [InferenceManager(manager.model_path,
+                                             allow_external_paths=allow_external_paths)
+                            for _ in range(_batched.CHECK_ROBOTS - 1)]
+    problem = _batched.check_per_robot(tmp, read_metadata(tmp), managers, steps,
+                                       max(rtol, 1e-4), atol)
+    if problem is not None:
+        _fail(f"Batched fused model {quote(shown)}: {problem}. The bundle was not batched "
+              "faithfully: please report it.")
 
 
 def fuse_staged(staging: str, bundle: str, graph: str,

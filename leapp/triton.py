@@ -43,6 +43,14 @@ SERVE_WITH = ("native", "python")
 CONTROL_INPUTS = ("START", "END", "CORRID")
 #: What the python backend runs, written next to its model.py.
 SPEC_FILE = "leapp_model.json"
+#: Robots served at once when no fleet size is given.
+DEFAULT_FLEET_SIZE = 128
+#: Largest fleet size a repository is written for (see docs/triton.md, "Fleet size").
+MAX_FLEET_SIZE = 128
+#: How long the batcher waits to fill a batch, by default (microseconds).
+DEFAULT_QUEUE_DELAY_US = 1000
+#: Accepted values of ``instances``.
+INSTANCE_KINDS = ("cpu", "gpu")
 
 # YAML dtype -> (Triton config data type, Triton wire datatype used by clients)
 _DTYPES = {
@@ -79,6 +87,10 @@ class TritonRepository:
     models: list[str] = field(default_factory=list)
     inputs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     outputs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    #: robots one request batch may hold (the config's ``max_batch_size``); 0: not batched
+    max_batch_size: int = 0
+    #: robots served at once (sequence models)
+    fleet_size: int = 0
 
 
 def _config_module() -> Any:
@@ -159,15 +171,17 @@ def _tensor(entry: Any, name: str, port: Port | _Port) -> None:
 
 
 def _model_config(name: str, backend: str, inputs: Sequence[tuple[str, Port | _Port]],
-                  outputs: Sequence[tuple[str, Port | _Port]]) -> Any:
+                  outputs: Sequence[tuple[str, Port | _Port]], max_batch_size: int = 0,
+                  instances: str = "cpu") -> Any:
     mc = _config_module()
-    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=0)
+    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=max_batch_size)
     for tensor_name, port in inputs:
         _tensor(config.input.add(), tensor_name, port)
     for tensor_name, port in outputs:
         _tensor(config.output.add(), tensor_name, port)
     group = config.instance_group.add()
-    group.kind = mc.ModelInstanceGroup.KIND_CPU
+    group.kind = mc.ModelInstanceGroup.KIND_GPU if instances == "gpu" \
+        else mc.ModelInstanceGroup.KIND_CPU
     group.count = 1
     return config
 
@@ -302,13 +316,51 @@ def _recorded_fused(yaml_path: str, recorded: Any) -> str | None:
     return path
 
 
+def _implicit_state(staging: str, name: str, batching: Any,
+                    states: list[dict[str, Any]]) -> None:
+    """Triton's implicit state, one entry per feedback pair, initial values from files."""
+    import base64
+    mc = _config_module()
+    for i, entry in enumerate(states):
+        port = _Port(entry["input"], entry["dtype"], tuple(entry["shape"]))
+        # the bundle's initial value, raw little-endian bytes, for Triton's implicit state
+        file_name = f"state_{i}.bin"
+        os.makedirs(os.path.join(staging, name, "initial_state"), exist_ok=True)
+        with open(os.path.join(staging, name, "initial_state", file_name), "wb") as handle:
+            handle.write(base64.b64decode(entry["initial"]["data"]))
+        state = batching.state.add()
+        state.input_name, state.output_name = entry["input"], entry["output"]
+        state.data_type = getattr(mc, _types(port.dtype, port.name)[0])
+        state.dims.extend(_dims(port))
+        initial = state.initial_state.add()
+        initial.data_type = state.data_type
+        initial.dims.extend(_dims(port))
+        initial.name = f"initial_{i}"
+        initial.data_file = file_name
+
+
+def _control_inputs(batching: Any) -> None:
+    """START / END / CORRID: what a python model needs to keep each robot's state."""
+    mc = _config_module()
+    kinds = {"START": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
+             "END": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END}
+    for control_name, kind in kinds.items():
+        control_input = batching.control_input.add()
+        control_input.name = control_name
+        control = control_input.control.add()
+        control.kind = kind
+        control.int32_false_true.extend([0, 1])
+    corrid = batching.control_input.add()
+    corrid.name = "CORRID"
+    control = corrid.control.add()
+    control.kind = mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID
+    control.data_type = mc.TYPE_UINT64
+
+
 def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
               recorded: Any, serve_with: str, max_sequences: int, idle_seconds: float,
-              result: TritonRepository) -> None:
-    import base64
-
+              result: TritonRepository, fleet: Mapping[str, Any] | None = None) -> None:
     from .fusion import fuse, read_metadata
-    mc = _config_module()
     name = model_name(graph, set())
     if fused_model is None:
         fused_model = _recorded_fused(yaml_path, recorded)
@@ -320,6 +372,11 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
         raise TritonRepositoryError(
             f"fused model {fused_model} is of pipeline {metadata.get('pipeline')!r}, not "
             f"{graph!r}; give the bundle's own fused model (leapp.fuse({yaml_path!r}))")
+    batched = _batched_model(staging, fused_model) if fleet is not None else None
+    if batched is not None:
+        _fleet(staging, name, batched, serve_with, result=result, idle_seconds=idle_seconds,
+               **fleet)
+        return
     suffix = ".onnx" if fused_model.endswith(".onnx") else ".pt"
     data_in = [(p["name"], _Port(p["name"], p["dtype"], tuple(p["shape"])))
                for p in metadata["inputs"]]
@@ -333,56 +390,143 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
     batching.max_sequence_idle_microseconds = int(idle_seconds * 1e6)
     # oldest: one instance interleaves up to max_sequences robots without a batch dimension
     batching.oldest.max_candidate_sequences = max_sequences
-    for i, entry in enumerate(metadata["state"]):
-        port = _Port(entry["input"], entry["dtype"], tuple(entry["shape"]))
-        _types(port.dtype, f"fused model state {port.name!r}")
-        if native:
-            # the bundle's initial value, raw little-endian bytes, for Triton's implicit state
-            file_name = f"state_{i}.bin"
-            os.makedirs(os.path.join(staging, name, "initial_state"), exist_ok=True)
-            with open(os.path.join(staging, name, "initial_state", file_name), "wb") as handle:
-                handle.write(base64.b64decode(entry["initial"]["data"]))
-            state = batching.state.add()
-            state.input_name, state.output_name = entry["input"], entry["output"]
-            state.data_type = getattr(mc, _types(port.dtype, port.name)[0])
-            state.dims.extend(_dims(port))
-            initial = state.initial_state.add()
-            initial.data_type = state.data_type
-            initial.dims.extend(_dims(port))
-            initial.name = f"initial_{i}"
-            initial.data_file = file_name
+    for entry in metadata["state"]:
+        _types(entry["dtype"], f"fused model state {entry['input']!r}")
     if native:
+        _implicit_state(staging, name, batching, metadata["state"])
         config.default_model_filename = "model.onnx"
         _write_model(staging, name, config, {"model.onnx": fused_model})
     else:
-        kinds = {"START": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
-                 "END": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END}
-        for control_name, kind in kinds.items():
-            control_input = batching.control_input.add()
-            control_input.name = control_name
-            control = control_input.control.add()
-            control.kind = kind
-            control.int32_false_true.extend([0, 1])
-        corrid = batching.control_input.add()
-        corrid.name = "CORRID"
-        control = corrid.control.add()
-        control.kind = mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID
-        control.data_type = mc.TYPE_UINT64
+        _control_inputs(batching)
         model_file = "fused" + suffix
         _write_model(staging, name, config, {model_file: fused_model},
                      {"kind": "sequence", "name": name, "model_file": model_file})
     result.models.append(name)
     result.entry = name
     result.sequence = True
+    result.fleet_size = max_sequences
     result.inputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_in})
     result.outputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_out})
+
+
+# ---- batched: the batched fused model, one onnxruntime run for many robots -----------------
+
+def _batched_model(staging: str, fused_model: str) -> tuple[str, dict[str, Any]] | None:
+    """The batched fused ONNX of ``fused_model`` (staged), or None where it cannot batch."""
+    import onnx
+
+    from ._batched import BatchError, batch_model
+    from .fusion import _save_onnx, read_metadata
+    if not fused_model.endswith(".onnx"):
+        logger.info("A TorchScript fused model is not batched: serving it one robot per "
+                    "request (fuse to ONNX for a batched repository)")
+        return None
+    try:
+        batched = batch_model(onnx.load(fused_model))
+    except BatchError as exc:
+        logger.warning("The fused model cannot step several robots at once, so the Triton "
+                       "repository serves one robot per request: %s", exc)
+        return None
+    path = os.path.join(staging, ".batched.onnx")
+    _save_onnx(batched, path, path)
+    metadata = read_metadata(path)
+    from ._batched import robot_major_shape
+    scalar = [p["name"] for p in metadata["inputs"] if not robot_major_shape(p)]
+    if scalar:
+        # Triton writes a batched [robots] tensor as dims [1]: the robot would have to send
+        # [1, 1] where it sends [1] today
+        logger.warning("Input %r has shape [1]: a batched Triton model would take it as "
+                       "[1, 1], so the repository serves one robot per request", scalar[0])
+        return None
+    return path, metadata
+
+
+def _candidates(fleet_size: int, native: bool) -> int:
+    # the python model refuses a robot beyond the fleet: it must see that robot's first
+    # request, so the batcher admits a few more sequences than the fleet holds
+    return fleet_size if native else fleet_size + max(8, fleet_size // 8)
+
+
+def _fleet(staging: str, name: str, batched: tuple[str, dict[str, Any]], serve_with: str,
+           fleet_size: int, idle_seconds: float, queue_delay_us: int, instances: str,
+           result: TritonRepository) -> None:
+    """One model running the batched fused model under Triton's batching."""
+    from ._batched import robot_major_shape
+    path, metadata = batched
+    mc = _config_module()
+    native = serve_with == "native"
+
+    def ports(entries: list[dict[str, Any]]) -> list[tuple[str, _Port]]:
+        return [(p["name"], _Port(p["name"], p["dtype"], tuple(robot_major_shape(p))))
+                for p in entries]
+
+    data_in, data_out = ports(metadata["inputs"]), ports(metadata["outputs"])
+    for tensor, port in data_in + data_out:
+        _types(port.dtype, f"fused model {tensor!r}")
+    config = _model_config(name, "onnxruntime" if native else "python", data_in, data_out,
+                           max_batch_size=fleet_size, instances=instances)
+    sequence = bool(metadata["state"])
+    if sequence:
+        batching = config.sequence_batching
+        batching.max_sequence_idle_microseconds = int(idle_seconds * 1e6)
+        batching.oldest.max_candidate_sequences = _candidates(fleet_size, native)
+        batching.oldest.max_queue_delay_microseconds = queue_delay_us
+        if native:
+            _implicit_state(staging, name, batching, [
+                dict(s, shape=robot_major_shape(s)) for s in metadata["state"]])
+        else:
+            _control_inputs(batching)
+    else:
+        config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+    if native:
+        config.default_model_filename = "model.onnx"
+        _write_model(staging, name, config, {"model.onnx": path})
+    else:
+        model_file = "fused_batched.onnx"
+        _write_model(staging, name, config, {model_file: path},
+                     {"kind": "fleet", "name": name, "model_file": model_file,
+                      "fleet_size": fleet_size})
+    result.models.append(name)
+    result.entry = name
+    result.sequence = sequence
+    result.max_batch_size = fleet_size
+    result.fleet_size = fleet_size if sequence else 0
+    # what one robot sends and gets: its row, with a leading dimension of 1 (an output
+    # whose bundle shape has none, a static one say, gets one: see docs/triton.md)
+    result.inputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_in})
+    result.outputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_out})
+
+
+def _feed_forward_fused(staging: str, yaml_path: str, graph: str, model: Pipeline,
+                        serve_with: str, fleet: Mapping[str, Any],
+                        result: TritonRepository) -> bool:
+    """A feed-forward bundle as one batched fused model; False where it cannot be one."""
+    from .fusion import FuseError, fuse
+    for node in model.run_order:  # a tensor Triton has no type for: named before fusing
+        _checked(model.nodes[node].inputs, node, "inputs")
+        _checked(model.nodes[node].outputs, node, "outputs")
+    name = model_name(graph, set())
+    try:
+        single = fuse(yaml_path, out=os.path.join(staging, f".{name}_fused.onnx"))
+    except FuseError as exc:
+        logger.warning("The bundle cannot be fused, so the Triton repository is an ensemble "
+                       "of one model per node: %s", exc)
+        return False
+    batched = _batched_model(staging, single)
+    if batched is None:
+        return False
+    _fleet(staging, name, batched, serve_with, idle_seconds=0.0, result=result, **fleet)
+    return True
 
 
 # ---- the public entry point ----------------------------------------------------------------
 
 def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native",
-                     fused_model: str | None = None, max_sequences: int = 64,
-                     sequence_idle_seconds: float = 60.0) -> TritonRepository:
+                     fused_model: str | None = None, max_sequences: int | None = None,
+                     sequence_idle_seconds: float = 60.0, batch: bool = True,
+                     fleet_size: int | None = None,
+                     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+                     instances: str = "cpu") -> TritonRepository:
     """Write a Triton model repository that serves the bundle.
 
     Args:
@@ -397,8 +541,20 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
             feedback; by default the fused ONNX the YAML records (its sha256 checked),
             else the bundle is fused for the repository, leaving the bundle itself
             untouched.  Ignored for feed-forward bundles.
-        max_sequences: robots (correlation IDs) one sequence model interleaves.
+        max_sequences: the older name of ``fleet_size`` (one of the two, or neither).
         sequence_idle_seconds: a sequence idle this long is dropped by the server.
+        batch: serve the batched fused model (``leapp.fuse(..., batch=True)``): many
+            robots per model execution, ``max_batch_size`` the fleet size, the
+            ``oldest`` sequence strategy (or dynamic batching for a feed-forward
+            bundle) with a ``queue_delay_us`` wait.  A bundle whose fused model
+            cannot batch (no leading dimension of 1) is served one robot per
+            request, as with ``batch=False``, which also keeps a feed-forward
+            bundle an ensemble of one model per node.
+        fleet_size: robots served at once (default :data:`DEFAULT_FLEET_SIZE`, at most
+            :data:`MAX_FLEET_SIZE`); the python backend refuses a robot beyond it at
+            its first request.
+        queue_delay_us: how long the batcher waits for more robots to fill a batch.
+        instances: ``"cpu"`` or ``"gpu"``: the kind of the model's instance group.
 
     Returns:
         A :class:`TritonRepository` naming the model to call and its tensors.
@@ -411,8 +567,22 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
 
     if serve_with not in SERVE_WITH:
         raise ValueError(f"serve_with={serve_with!r}: expected one of {SERVE_WITH}")
-    if not isinstance(max_sequences, int) or max_sequences < 1:
-        raise ValueError(f"max_sequences={max_sequences!r}: expected a positive integer")
+    if max_sequences is not None and fleet_size is not None and max_sequences != fleet_size:
+        raise ValueError("give fleet_size or its older name max_sequences, not both")
+    size = fleet_size if fleet_size is not None else max_sequences
+    size = DEFAULT_FLEET_SIZE if size is None else size
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"fleet_size={size!r}: expected a positive integer")
+    if size > MAX_FLEET_SIZE:
+        raise ValueError(f"fleet_size={size}: a repository serves at most {MAX_FLEET_SIZE} "
+                         "robots (docs/triton.md, 'Fleet size', says why); run several "
+                         "servers, each for part of the fleet")
+    if instances not in INSTANCE_KINDS:
+        raise ValueError(f"instances={instances!r}: expected one of {INSTANCE_KINDS}")
+    if not isinstance(queue_delay_us, int) or queue_delay_us < 0:
+        raise ValueError(f"queue_delay_us={queue_delay_us!r}: expected an integer >= 0")
+    fleet = {"fleet_size": size, "queue_delay_us": queue_delay_us,
+             "instances": instances} if batch else None
     yaml_path = os.fspath(yaml_path)
     repo_dir = os.path.abspath(os.fspath(repo_dir))
     try:
@@ -433,13 +603,14 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
     try:
         if any(model.feedback_edges()):
             _sequence(staging, yaml_path, graph, fused_model, bundle.get("fused"), serve_with,
-                      max_sequences, sequence_idle_seconds, result)
-            for leftover in os.listdir(staging):
-                if leftover.startswith("."):
-                    os.unlink(os.path.join(staging, leftover))
-        else:
+                      size, sequence_idle_seconds, result, fleet)
+        elif fleet is None or not _feed_forward_fused(staging, yaml_path, graph, model,
+                                                      serve_with, fleet, result):
             _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, model,
                           serve_with, result)
+        for leftover in os.listdir(staging):
+            if leftover.startswith("."):
+                os.unlink(os.path.join(staging, leftover))
         os.chmod(staging, 0o777 & ~_umask())
         if os.path.isdir(repo_dir):
             os.rmdir(repo_dir)
@@ -460,4 +631,5 @@ def _umask() -> int:
 
 
 __all__ = ["write_repository", "TritonRepository", "TritonRepositoryError", "read_config",
-           "config_text", "model_name", "SERVE_WITH", "CONTROL_INPUTS"]
+           "config_text", "model_name", "SERVE_WITH", "CONTROL_INPUTS", "DEFAULT_FLEET_SIZE",
+           "MAX_FLEET_SIZE", "INSTANCE_KINDS"]

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -29,7 +31,8 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2",
 from leapp import cli  # noqa: E402
 from leapp.triton import TritonRepositoryError, read_config, write_repository  # noqa: E402
 
-FF_GRAPH, FB_GRAPH = "ff_triton", "fb_triton"
+FF_GRAPH, FB_GRAPH, FLEET_GRAPH = "ff_triton", "fb_triton", "fleet_triton"
+FLEET = 8  # robots of the served fleet
 WEIGHTS = torch.linspace(-1.0, 1.0, 18).reshape(6, 3)
 INITIAL_MEMORY = torch.tensor([0.3, -0.2])
 
@@ -73,12 +76,34 @@ def _feedback(root: str) -> str:
     return os.path.join(root, FB_GRAPH, f"{FB_GRAPH}.yaml")
 
 
+def _fleet_feedback(root: str) -> str:
+    """A robot's pipeline with a leading dimension of 1: obs [1, 3], a GRU cell's state [1, 4]."""
+    torch.manual_seed(2)
+    cell = torch.nn.GRUCell(3, 4).eval()
+    head = torch.nn.Linear(4, 2).eval()
+    leapp.start(name=FLEET_GRAPH, save_path=root)
+    hidden = torch.full((1, 4), 0.1)
+    with torch.no_grad():
+        for _ in range(2):
+            obs = annotate.input_tensors("policy", {"obs": torch.randn(1, 3)})
+            h = annotate.state_tensors("policy", {"hidden": hidden})
+            h_new = cell(obs, h)
+            hidden = annotate.update_state("policy", {"hidden": h_new})
+            latent = annotate.output_tensors("policy", {"latent": h_new * 1.0},
+                                             export_with="jit")
+            z = annotate.input_tensors("act", {"latent": latent})
+            annotate.output_tensors("act", {"action": torch.tanh(head(z))}, export_with="onnx")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    return os.path.join(root, FLEET_GRAPH, f"{FLEET_GRAPH}.yaml")
+
+
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("triton_bundles"))
-    ff_yaml, fb_yaml = _feed_forward(root), _feedback(root)
+    ff_yaml, fb_yaml, fleet_yaml = _feed_forward(root), _feedback(root), _fleet_feedback(root)
     fused = leapp.fuse(fb_yaml, out=os.path.join(root, "fb_fused.onnx"))
-    return {"root": root, "ff": ff_yaml, "fb": fb_yaml, "fused": fused}
+    return {"root": root, "ff": ff_yaml, "fb": fb_yaml, "fused": fused, "fleet": fleet_yaml}
 
 
 def _configs(repo: str) -> dict:
@@ -96,7 +121,8 @@ def _dims(config_tensors) -> dict:
 def test_feed_forward_repository(bundles, tmp_path, serve_with):
     from tritonclient.grpc import model_config_pb2 as mc
     repo = str(tmp_path / "repo")
-    result = write_repository(bundles["ff"], repo, serve_with=serve_with)
+    # batch=False: one model per node and an ensemble (the batched default is tested below)
+    result = write_repository(bundles["ff"], repo, serve_with=serve_with, batch=False)
     configs = _configs(repo)
     assert sorted(configs) == sorted(result.models) == [
         "ff_triton", "ff_triton.critic", "ff_triton.encode", "ff_triton.policy"]
@@ -235,7 +261,7 @@ def test_output_named_like_a_graph_input(bundle, tmp_path):
     leapp.stop()
     leapp.compile_graph()
     result = write_repository(os.path.join(bundle.dir("same_name"), "same_name.yaml"),
-                              str(tmp_path / "repo"), serve_with="python")
+                              str(tmp_path / "repo"), serve_with="python", batch=False)
     ensemble = read_config(str(tmp_path / "repo" / "same_name" / "config.pbtxt"))
     assert [t.name for t in ensemble.input] == ["twice/x"]
     assert [t.name for t in ensemble.output] == ["twice/x__out"]
@@ -257,6 +283,74 @@ def test_cli(bundles, tmp_path):
     assert cli.main(["triton", bundles["ff"], str(tmp_path / "repo")]) == cli.EXIT_USAGE
 
 
+@pytest.mark.parametrize("serve_with", ["native", "python"])
+def test_fleet_repository(bundles, tmp_path, serve_with):
+    from tritonclient.grpc import model_config_pb2 as mc
+    repo = str(tmp_path / "repo")
+    result = write_repository(bundles["fleet"], repo, serve_with=serve_with, fleet_size=40,
+                              queue_delay_us=500)
+    assert result.sequence and result.models == [FLEET_GRAPH]
+    assert result.max_batch_size == result.fleet_size == 40
+    # a robot sends and gets the tensors InferenceManager takes and gives
+    assert result.inputs == {"policy/obs": ("FP32", [1, 3])}
+    assert result.outputs == {"act/action": ("FP32", [1, 2])}
+    config = _configs(repo)[FLEET_GRAPH]
+    assert config.max_batch_size == 40
+    assert _dims(config.input) == {"policy/obs": ([3], mc.TYPE_FP32)}
+    assert _dims(config.output) == {"act/action": ([2], mc.TYPE_FP32)}
+    oldest = config.sequence_batching.oldest
+    assert oldest.max_queue_delay_microseconds == 500
+    (group,) = config.instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_CPU
+    if serve_with == "native":
+        assert config.backend == "onnxruntime" and oldest.max_candidate_sequences == 40
+        (state,) = config.sequence_batching.state
+        assert (state.input_name, state.output_name) == ("policy/hidden",
+                                                         "policy/hidden__next")
+        assert list(state.dims) == [4]  # the batch dimension is Triton's
+        files = os.listdir(os.path.join(repo, FLEET_GRAPH, "1"))
+        assert files == ["model.onnx"]
+        model = onnx.load(os.path.join(repo, FLEET_GRAPH, "1", "model.onnx"))
+        assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "robots"
+    else:
+        # the python model sees a robot beyond the fleet, to refuse it
+        assert config.backend == "python" and oldest.max_candidate_sequences == 48
+        assert {c.name for c in config.sequence_batching.control_input} == {
+            "START", "END", "CORRID"}
+        spec = json.load(open(os.path.join(repo, FLEET_GRAPH, "1", "leapp_model.json")))
+        assert spec == {"kind": "fleet", "name": FLEET_GRAPH,
+                        "model_file": "fused_batched.onnx", "fleet_size": 40}
+    gpu = write_repository(bundles["fleet"], str(tmp_path / "gpu"), serve_with=serve_with,
+                           instances="gpu")
+    config = read_config(str(tmp_path / "gpu" / FLEET_GRAPH / "config.pbtxt"))
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    assert gpu.fleet_size == config.max_batch_size == 128  # the default fleet size
+
+
+def test_feed_forward_batched_by_default(bundles, tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+    result = write_repository(bundles["ff"], str(tmp_path / "repo"))
+    # one fused model (the pt2 node too) in onnxruntime, dynamic batching, no ensemble
+    assert result.models == [FF_GRAPH] and not result.sequence
+    config = _configs(str(tmp_path / "repo"))[FF_GRAPH]
+    assert config.backend == "onnxruntime" and config.max_batch_size == 128
+    assert config.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert _dims(config.input) == {"encode/obs": ([4], mc.TYPE_FP32),
+                                   "encode/goal": ([2], mc.TYPE_FP32)}
+    assert result.inputs == {"encode/obs": ("FP32", [1, 4]), "encode/goal": ("FP32", [1, 2])}
+
+
+def test_fleet_size_bounds(bundles, tmp_path):
+    from leapp.triton import MAX_FLEET_SIZE
+    with pytest.raises(ValueError, match=f"serves at most {MAX_FLEET_SIZE} robots"):
+        write_repository(bundles["fleet"], str(tmp_path / "r"), fleet_size=MAX_FLEET_SIZE + 1)
+    with pytest.raises(ValueError, match="not both"):
+        write_repository(bundles["fleet"], str(tmp_path / "r"), fleet_size=8, max_sequences=9)
+    with pytest.raises(ValueError, match="instances='tpu'"):
+        write_repository(bundles["fleet"], str(tmp_path / "r"), instances="tpu")
+    assert not os.path.exists(tmp_path / "r")
+
+
 # ---- served for real ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -269,10 +363,11 @@ def server(bundles, tmp_path_factory):
     served = root / "repository"
     served.mkdir()
     entries = {}
-    for key, fused in (("ff", None), ("fb", bundles["fused"])):
+    for key, fused, size in (("ff", None, None), ("fb", bundles["fused"], None),
+                             ("fleet", None, FLEET)):
         part = root / key
         result = write_repository(bundles[key], str(part), serve_with="python",
-                                  fused_model=fused)
+                                  fused_model=fused, fleet_size=size)
         for model in result.models:  # one repository, one server start for both
             os.rename(part / model, served / model)
         entries[key] = result
@@ -340,6 +435,45 @@ def test_served_ensemble(bundles, server):
         for name, want in reference.run_policy(feed).items():
             got = result.as_numpy(name)
             assert got.dtype == want.numpy().dtype, name
+            # an output without a leading dimension of 1 arrives with one (docs/triton.md)
+            assert list(got.shape) == entry.outputs[name][1], name
+            got = got.reshape(want.shape)
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
     client.close()
 
+
+
+def test_served_fleet(bundles, server):
+    """8 robots step together (one batch per step), each equal to its own InferenceManager."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    triton, entries = server
+    entry = entries["fleet"]
+    client = http.InferenceServerClient(triton.http_url, concurrency=FLEET + 1)
+    robots = {100 + r: InferenceManager(bundles["fleet"]) for r in range(FLEET)}
+    generator = torch.Generator().manual_seed(4)
+    before = client.get_inference_statistics(entry.entry)["model_stats"][0]
+    steps = 5
+    for step in range(steps):
+        feeds = {robot: torch.randn(1, 3, generator=generator) for robot in robots}
+        pending = {robot: client.async_infer(
+            entry.entry, [_infer_input(http, "policy/obs", obs, "FP32")], sequence_id=robot,
+            sequence_start=step == 0, sequence_end=step == steps - 1)
+            for robot, obs in feeds.items()}
+        if step == 1:  # one robot more than the fleet: refused at once, not left waiting
+            extra = _infer_input(http, "policy/obs", torch.zeros(1, 3), "FP32")
+            with pytest.raises(InferenceServerException, match="the fleet is full: 8 robots"):
+                client.infer(entry.entry, [extra], sequence_id=999, sequence_start=True,
+                             sequence_end=True)
+        for robot, request in pending.items():
+            got = request.get_result().as_numpy("act/action")
+            want = robots[robot].run_policy({"policy/obs": feeds[robot]})["act/action"]
+            assert got.shape == tuple(want.shape)
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"robot {robot} step {step}")
+    after = client.get_inference_statistics(entry.entry)["model_stats"][0]
+    requests = int(after["inference_count"]) - int(before["inference_count"])
+    # every robot's request reached the batched model (how many share one execution
+    # depends on timing; bench/fleet.py measures it)
+    assert requests == FLEET * steps + 1  # the refused robot's request was executed too
+    client.close()

@@ -1,0 +1,199 @@
+"""Many robots at once: the batched fused model and leapp.fleet.FleetRunner (docs/fuse.md).
+
+Two real pipelines, compiled once for the module: a locomotion pipeline
+(onnx normaliser, jit GRU cell with declared state, pt2 scaler with static
+gains) and a torch.nn.GRU policy whose hidden state [layers, 1, hidden] holds
+the robot on its second axis.  Each is fused with batch=True and stepped for a
+fleet next to one InferenceManager per robot, robots reset, added and
+removed on the way.
+"""
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+import torch
+
+import leapp
+from leapp import annotate
+from leapp.fleet import FleetError, FleetRunner
+from leapp.fusion import FusedModel, FuseError, read_metadata
+from leapp.inference_manager import InferenceManager
+
+OBS, HIDDEN, ACT = 6, 8, 3
+
+
+def _locomotion(root: str) -> str:
+    torch.manual_seed(0)
+    gru = torch.nn.GRUCell(OBS, HIDDEN).eval()
+    head = torch.nn.Linear(HIDDEN, ACT).eval()
+    mean, std = torch.randn(1, OBS) * 0.1, torch.rand(1, OBS) + 0.5
+    kp = torch.full((ACT,), 20.0)
+    leapp.start("loco", save_path=root)
+    hidden = torch.full((1, HIDDEN), 0.25)
+    with torch.no_grad():
+        for i in range(2):
+            x = annotate.input_tensors("normaliser", {"obs": torch.randn(1, OBS)})
+            x = annotate.output_tensors("normaliser", {"obs_norm": (x - mean) / std},
+                                        export_with="onnx")
+            x = annotate.input_tensors("memory", {"obs_norm": x})
+            h = annotate.state_tensors("memory", {"hidden": hidden})
+            h_new = gru(x, h)
+            hidden = annotate.update_state("memory", {"hidden": h_new})
+            latent = annotate.output_tensors("memory", {"latent": h_new * 1.0},
+                                             export_with="jit")
+            z = annotate.input_tensors("scaler", {"latent": latent})
+            annotate.output_tensors("scaler", {"targets": torch.tanh(head(z)) * 0.5},
+                                    static_outputs={"kp": kp}, export_with="pt2")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    return os.path.join(root, "loco", "loco.yaml")
+
+
+class _GRUPolicy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(OBS, HIDDEN)
+        self.out = torch.nn.Linear(HIDDEN, ACT)
+        self.register_buffer("h_state", torch.zeros(1, 1, HIDDEN))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        seq, h = self.gru(obs.unsqueeze(0), self.h_state)
+        self.h_state = h
+        return self.out(seq.squeeze(0))
+
+
+def _gru(root: str) -> str:
+    torch.manual_seed(1)
+    model = _GRUPolicy().eval()
+    leapp.start("gru_fleet", save_path=root)
+    with torch.no_grad():
+        obs = annotate.input_tensors("policy", {"obs": torch.randn(1, OBS)})
+        annotate.module("policy", model)
+        annotate.output_tensors("policy", {"action": model(obs)},
+                                export_with="onnx-torchscript")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    return os.path.join(root, "gru_fleet", "gru_fleet.yaml")
+
+
+@pytest.fixture(scope="module")
+def fleets(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("fleet_bundles"))
+    loco, gru = _locomotion(root), _gru(root)
+    return {"loco": (loco, leapp.fuse(loco, batch=True)),
+            "gru": (gru, leapp.fuse(gru, batch=True))}
+
+
+def _obs(generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(1, OBS, generator=generator)
+
+
+def _check(fleet: FleetRunner, managers: dict, generator: torch.Generator, step: int) -> None:
+    name = fleet.input_names[0]
+    feeds = {robot: {name: _obs(generator)} for robot in fleet.robots}
+    got = fleet.step_robots(feeds)
+    for robot in fleet.robots:
+        want = managers[robot].run_policy(feeds[robot])
+        assert set(got[robot]) == set(want)
+        for key, value in want.items():
+            assert got[robot][key].shape == value.shape, (key, robot)
+            torch.testing.assert_close(got[robot][key], value, rtol=1e-4, atol=1e-5,
+                                       msg=f"step {step}, robot {robot}, {key}")
+
+
+@pytest.mark.parametrize("which", ["loco", "gru"])
+def test_batched_fused_model_matches_inference_manager_per_robot(fleets, which):
+    yaml_path, path = fleets[which]
+    assert path.endswith(f"{os.path.basename(yaml_path)[:-5]}_fused_batched.onnx")
+    metadata = read_metadata(path)
+    assert metadata["batched"] is True
+    # the robot dimension is symbolic: any fleet size runs the same file
+    model = onnx.load(path)
+    for value in model.graph.input:
+        assert value.type.tensor_type.shape.dim[0].dim_param == "robots", value.name
+    (state,) = metadata["state"]
+    # the GRU's hidden state [layers, 1, hidden] carries the robot on its second axis
+    assert state["robot_axis"] == (1 if which == "gru" else 0)
+    if which == "loco":  # a static output is the same row for every robot
+        axes = {p["name"]: p["robot_axis"] for p in metadata["outputs"]}
+        assert axes == {"scaler/targets": 0, "scaler/kp": None}
+    robots = 7
+    fleet = FleetRunner(path, robots)
+    managers = {r: InferenceManager(yaml_path) for r in range(robots)}
+    generator = torch.Generator().manual_seed(5)
+    for step in range(6):
+        _check(fleet, managers, generator, step)
+    # the batched call itself: the robots' tensors concatenated, row i for robot i
+    name = fleet.input_names[0]
+    obs = torch.randn(robots, OBS, generator=generator)
+    outputs = fleet.step({name: obs})
+    for r in range(robots):
+        want = managers[r].run_policy({name: obs[r:r + 1]})
+        for key, value in want.items():
+            torch.testing.assert_close(outputs[key][r].reshape(value.shape), value,
+                                       rtol=1e-4, atol=1e-5)
+
+
+def test_runner_reset_add_remove(fleets):
+    yaml_path, path = fleets["loco"]
+    fleet = FleetRunner(path, ["a", "b", "c"])
+    managers = {r: InferenceManager(yaml_path) for r in fleet.robots}
+    generator = torch.Generator().manual_seed(9)
+    initial = fleet.state("a")["memory/hidden"]
+    torch.testing.assert_close(initial, torch.full((1, HIDDEN), 0.25))
+    for step in range(3):
+        _check(fleet, managers, generator, step)
+    assert not torch.equal(fleet.state("b")["memory/hidden"], initial)
+
+    fleet.remove("b")  # the robots after it move up; their state goes with them
+    assert fleet.robots == ["a", "c"] and len(fleet) == 2
+    fleet.add("d")  # a new robot starts from the bundle's initial values
+    managers["d"] = InferenceManager(yaml_path)
+    torch.testing.assert_close(fleet.state("d")["memory/hidden"], initial)
+    fleet.reset("a")  # one robot starts over, the others keep their state
+    managers["a"].reset()
+    assert fleet.add() == 0 and fleet.robots == ["a", "c", "d", 0]
+    managers[0] = InferenceManager(yaml_path)
+    for step in range(3, 7):
+        _check(fleet, managers, generator, step)
+    fleet.reset()
+    for robot in fleet.robots:
+        torch.testing.assert_close(fleet.state(robot)["memory/hidden"], initial)
+
+    with pytest.raises(FleetError, match="robot 'b' is not in the fleet"):
+        fleet.remove("b")
+    with pytest.raises(FleetError, match="robot 'a' is in the fleet already"):
+        fleet.add("a")
+    with pytest.raises(FleetError, match=r"is \[3, 6\]; 4 robots need \[4, 6\]"):
+        fleet.step({"normaliser/obs": torch.zeros(3, OBS)})
+    with pytest.raises(FleetError, match="inputs for every robot"):
+        fleet.step_robots({"a": {"normaliser/obs": torch.zeros(1, OBS)}})
+
+
+def test_runner_from_yaml_and_refusals(fleets, bundle):
+    yaml_path, path = fleets["gru"]
+    fleet = FleetRunner(yaml_path, 2)  # fused and batched on the fly
+    assert fleet.robots == [0, 1] and fleet.input_shapes == {"policy/obs": [OBS]}
+    with pytest.raises(FuseError, match="batched fused model: run it with"):
+        FusedModel(path)
+    one_robot = leapp.fuse(yaml_path, out=os.path.join(bundle.root, "one.onnx"))
+    with pytest.raises(ValueError, match="one-robot fused model"):
+        FleetRunner(one_robot)
+    with pytest.raises(ValueError, match="only the ONNX fused model is batched"):
+        leapp.fuse(yaml_path, format="torchscript", batch=True)
+    # no leading dimension of 1 to stack robots along: refused, nothing written
+    leapp.start("flat", save_path=bundle.root)
+    memory = torch.zeros(2)
+    for _ in range(2):
+        obs, mem = annotate.input_tensors("policy", {"obs": torch.rand(2), "memory": memory})
+        memory = annotate.output_tensors("policy", {"memory": 0.5 * mem + obs},
+                                         export_with="onnx")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    flat = os.path.join(bundle.dir("flat"), "flat.yaml")
+    with pytest.raises(FuseError, match=r"'policy/obs' has shape \[2\]: a robot's input needs "
+                                        "a leading dimension of 1"):
+        leapp.fuse(flat, batch=True)
+    assert not [f for f in os.listdir(bundle.dir("flat")) if "fused" in f]
