@@ -897,7 +897,7 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
                   atol: float, shown: str, allow_external_paths: bool,
                   contract: Mapping[str, Any]) -> None:
     """fuse(batch=True): the one-robot model, checked, then batched and checked per robot."""
-    from . import _batched
+    from . import _batched, _contract
     from .inference_manager import InferenceManager
     single = build_onnx(the_plan, manager)
     _contract.set_onnx(single, contract)

@@ -136,9 +136,12 @@ def test_triton_names_an_ensemble_with_its_article(tmp_path, capsys):
     leapp.stop()
     leapp.compile_graph(verbose=False, visualize=False)
     assert main(["triton", os.path.join(str(tmp_path), "g", "g.yaml"),
-                 str(tmp_path / "repo")]) == 0
+                 str(tmp_path / "repo"), "--no-batch"]) == 0
     out = capsys.readouterr().out
     assert ", an ensemble" in out and "a ensemble" not in out
+    assert main(["triton", os.path.join(str(tmp_path), "g", "g.yaml"),
+                 str(tmp_path / "batched")]) == 0
+    assert ", a batched model, up to 128 robots per execution" in capsys.readouterr().out
 
 
 def test_running_a_bundle_prints_what_it_was_given():
