@@ -41,6 +41,7 @@ import yaml
 
 from ._incremental import MANIFEST
 from ._logging import logger
+from ._modes import directory_mode, file_mode
 
 STAGING_PREFIX = ".leapp-"
 _STAGING_RE = re.compile(r"^\.leapp-(\d+)-[A-Za-z0-9_]+-(new|old)\.(.*)$", re.DOTALL)
@@ -133,23 +134,17 @@ def make_staging(bundle: str, graph: str, kind: str = "new") -> str:
                             dir=os.path.dirname(bundle))
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def finish_modes(staging: str, bundle: str, written: Iterable[str]) -> None:
     """Files the compile wrote get the umask's mode; the directory keeps the bundle's."""
-    mask = _umask()
+    mode = file_mode()
     for name in written:
         path = os.path.join(staging, name)
         if os.path.isfile(path) and not os.path.islink(path):
-            os.chmod(path, 0o666 & ~mask)
+            os.chmod(path, mode)
     try:
         mode = stat.S_IMODE(os.stat(bundle).st_mode)
     except OSError:
-        mode = 0o777 & ~mask
+        mode = directory_mode()
     os.chmod(staging, mode)
 
 

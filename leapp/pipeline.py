@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
+from ._dtypes import SPELLINGS
 from ._logging import reject
 from ._safe_load import clip, parse_shape, quote
 
@@ -38,14 +39,8 @@ DOCUMENTS = ("models", "pipeline", "system information")
 
 _FLOWS = ("data_flow", "feedback_flow", "inputs", "outputs")
 
-#: dtype names a port may carry -> the torch dtype's attribute name.
-DTYPES: Mapping[str, str] = MappingProxyType({
-    **{name: name for name in (
-        "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64", "bool")},
-    # spellings seen in older bundles
-    "float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
-})
+#: dtype names a port may carry -> the torch dtype's attribute name (leapp._dtypes).
+DTYPES: Mapping[str, str] = SPELLINGS
 _PARAMETERS = ("model_path", "md5sum", "sha256sum", "backend")
 
 

@@ -72,7 +72,7 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
         dropped = _sync_inputs(node, proto, input_names)
         _sync_outputs(node, proto, output_names)
         path = os.path.join(out_dir, f"{node}.onnx")
-        _save(proto, path, f"{node}.onnx.data")
+        save_model(proto, path, f"{node}.onnx.data")
     del proto
     try:
         onnx.checker.check_model(path)
@@ -227,7 +227,9 @@ def _initializer_bytes(proto: Any) -> int:
     return total
 
 
-def _save(proto: Any, path: str, data_name: str) -> None:
+def save_model(proto: Any, path: str, data_name: str) -> None:
+    """Save proto to path; initialisers over EXTERNAL_DATA_THRESHOLD bytes in all go to
+    data_name beside it (a node's model and the fused model alike)."""
     import onnx
 
     if _initializer_bytes(proto) > EXTERNAL_DATA_THRESHOLD:
