@@ -199,19 +199,24 @@ def test_a_failed_compile_with_reused_files_leaves_the_old_bundle(copy, monkeypa
     assert not [n for n in os.listdir(root) if n.startswith(".leapp-")]
 
 
+def _cell(step: int) -> torch.Tensor:
+    """One pass of node "cell": a state h that ONNX renames h_in / h_out, an input
+    "folded" it optimises away; returns the output y."""
+    x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
+                                                "folded": torch.ones(1, 3)})
+    state = annotate.state_tensors("cell", {"h": torch.zeros(1, 3)})
+    new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
+    annotate.update_state("cell", {"h": new})
+    return annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
+
+
 def test_onnx_renames_dropped_inputs_and_warnings_survive_reuse(tmp_path):
     """ONNX renames the state port h to h_in / h_out and drops an input it folded
     away (with a warning): a reused node gets the same names, inputs and warning."""
     def run() -> dict:
         leapp.start("s", save_path=str(tmp_path))
-        h = torch.zeros(1, 3)
         for step in range(2):
-            x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
-                                                        "folded": torch.ones(1, 3)})
-            state = annotate.state_tensors("cell", {"h": h})
-            new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
-            annotate.update_state("cell", {"h": new})
-            annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
+            _cell(step)
         leapp.stop()
         return leapp.compile_graph(visualize=False)
 
@@ -256,15 +261,8 @@ def test_compile_reads_the_trace_and_never_writes_it(tmp_path, monkeypatch, incr
     second compile from the same session writes the same bundle."""
     monkeypatch.setenv("LEAPP_INCREMENTAL", incremental)
     leapp.start("s", save_path=str(tmp_path))
-    h = torch.zeros(1, 3)
     for step in range(2):
-        x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
-                                                    "folded": torch.ones(1, 3)})
-        state = annotate.state_tensors("cell", {"h": h})
-        new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
-        annotate.update_state("cell", {"h": new})
-        out = annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
-        y = annotate.input_tensors("tail", {"y": out})
+        y = annotate.input_tensors("tail", {"y": _cell(step)})
         annotate.output_tensors("tail", {"z": y + 1.0}, export_with="jit")
     leapp.stop()
 
