@@ -14,10 +14,11 @@ export LEAPP_DEV_BUILD := 1
 
 setup: $(STAMP)
 
-# A fresh machine: libyaml headers, a venv, torch pinned to the CPU build, the
+# A fresh machine: libyaml headers, Chromium and its driver (tests/test_view.py), a venv, torch pinned to the CPU build, the
 # package (editable, which compiles the C core) and its test dependencies.
 $(STAMP): pyproject.toml setup.py constraints.txt
 	@test -f /usr/include/yaml.h || (apt-get update -qq && apt-get install -y -qq libyaml-dev)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt setuptools wheel torch==2.13.0
 	$(PIP) install -c constraints.txt --no-build-isolation -e '.[test]'

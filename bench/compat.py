@@ -20,6 +20,7 @@ and writes OUT/<name>/<name>.yaml), under both interpreters:
    incremental-compile manifest aside).  Text
    identity after masking hashes and system information is reported as
    information only.
+   Our interactive view (<graph>.html) is set aside with the PNG.
 2. The initial-values safetensors: same keys, equal tensors (dtype, shape,
    values).
 3. Inference: fixed inputs (seeded, from the YAML's graph inputs) for 5
@@ -262,7 +263,7 @@ INCREMENTAL_MANIFEST = ".leapp_cache.json"
 def bundle_files(yaml_path):
     d = os.path.dirname(yaml_path)
     return sorted(f for f in os.listdir(d)
-                  if not f.startswith("log") and not f.endswith(".png")
+                  if not f.startswith("log") and not f.endswith((".png", ".html"))
                   and f != INCREMENTAL_MANIFEST)
 
 

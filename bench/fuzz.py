@@ -87,32 +87,32 @@ PAYLOADS = ["dict", "nested", "semantics"]
 
 # ---- KNOWN DIFFERENCES: bugs of ours, to shrink as fixes land ------------
 # Regression programs for each: bench/fuzz_cases/<id>.py.
-KNOWN_DIFFERENCES: list[dict] = [
-    {"id": "method-keyword-skips-default", "check": "outcome",
-     "pattern": r"got multiple values for argument", "feature": "method:keyword_skips_default",
+KNOWN_DIFFERENCES: list[dict] = []
+
+# ---- FIXED: differences the fuzzer found and that are fixed now ----------
+# Their regression programs (bench/fuzz_cases/<id>.py) must match upstream:
+# tests/test_fuzz.py runs them under both packages.
+FIXED: list[dict] = [
+    {"id": "method-keyword-skips-default",
      "reason": "@annotate.method called as f(a, c=t) while b keeps its tensor default: "
-               "ours passes the default b twice (TypeError), upstream traces it as a "
-               "constant (issue 21: keyword calls that skip defaults, being fixed)"},
-    {"id": "method-keyword-input-order", "check": "yaml",
-     "pattern": r"inputs\[\]/name", "feature": "method:keyword",
+               "ours passed b twice (TypeError); now b's default is a constant, as upstream"},
+    {"id": "method-keyword-input-order",
      "reason": "@annotate.method called with keywords out of signature order "
-               "(f(b=y, a=x)): upstream's inputs follow the call's keyword order, "
-               "ours the signature's (issue 21: keyword calls, being fixed)"},
-    {"id": "duplicate-source-wording", "check": "message",
-     "pattern": r"Duplicate input sources",
-     "reason": "one published value fed to two inputs of a node: ours rewrites the end "
-               "of upstream's line ('{'n0/main'} feeds both ...' for 'n0/main'), so "
-               "upstream's wording is not kept whole (not fixed yet)"},
-    {"id": "upstream-validation-self-feedback", "check": "outcome",
-     "pattern": r"ours ok, upstream Exception.*Model validation failed",
-     "reason": "nodes with declared state and the indexing group's in-place writes "
-               "(often fed back their own output): upstream's compile_graph fails its "
-               "own validation, ours compiles and validates; likely upstream's bug, "
-               "to confirm before moving it to DEPARTURES"},
+               "(f(b=y, a=x)): the inputs now follow the call's order, as upstream's"},
+    {"id": "duplicate-source-wording",
+     "reason": "one published value fed to two inputs of a node: ours rewrote the end of "
+               "upstream's line; now upstream's line comes whole, our detail after it"},
 ]
 
 # ---- DEPARTURES: deliberate, documented in docs/compatibility.md --------
 DEPARTURES: list[dict] = [
+    {"id": "upstream-validation-self-feedback", "check": "outcome",
+     "pattern": r"ours ok, upstream Exception.*Model validation failed",
+     "reason": "in-place indexing writes (x[idx] = v) exported through the TorchScript ONNX "
+               "exporter: upstream's model has a ScatterND whose updates do not match its "
+               "indices, so onnxruntime refuses it and upstream's own validation fails; "
+               "ours records the functional write and validates (docs/compatibility.md, "
+               "'Where upstream fails')"},
     {"id": "jit-script-python-operators", "check": "outcome",
      "pattern": r"ours ok, upstream RuntimeError.*Error compiling model.*"
                 r"(has no attribute or method '\w+'|Arguments for call are not valid)",
@@ -664,9 +664,25 @@ def _collect(proc, log, out_dir, timeout):
         return json.load(f)
 
 
+def case_program(case_id: str) -> dict:
+    """The generated program behind a saved case (its docstring names seed and index)."""
+    with open(os.path.join(CASES, case_id + ".py")) as f:
+        found = re.search(r"\(seed (\d+), index (\d+)\)", f.read(400))
+    if found is None:
+        raise ValueError(f"bench/fuzz_cases/{case_id}.py does not name its seed and index")
+    return generate(int(found.group(1)), int(found.group(2)))
+
+
 def run(n, seed, ours, upstream, workdir, batch=25, timeout=1800, progress=None):
     """Generate `n` programs and compare them; returns the report dict."""
-    programs = [generate(seed, i) for i in range(n)]
+    return run_programs([generate(seed, i) for i in range(n)], ours, upstream, workdir,
+                        batch=batch, timeout=timeout, progress=progress, seed=seed)
+
+
+def run_programs(programs, ours, upstream, workdir, batch=25, timeout=1800, progress=None,
+                 seed=None):
+    """Compare the given programs (generate() dicts); returns the report dict."""
+    n = len(programs)
     report = {"seed": seed, "tried": 0, "programs": {}, "differences": []}
     for start in range(0, n, batch):
         chunk = programs[start:start + batch]

@@ -254,6 +254,25 @@ carrier_release_all(leapp_state *st)
     return count;
 }
 
+Py_ssize_t
+carrier_release_node(leapp_state *st, PyObject *node)
+{
+    PyObject *refs = Py_XNewRef(st->promoted); /* demoting never appends to it */
+    Py_ssize_t i, n = refs != NULL ? PyList_GET_SIZE(refs) : 0, count = 0;
+    for (i = 0; i < n && count >= 0; i++) {
+        PyObject *obj = weak_target(PyList_GET_ITEM(refs, i));
+        if (obj != NULL) {
+            CarrierObject *c = carrier_of(st, obj); /* borrowed */
+            if (c != NULL && c->node == node) {
+                count = carrier_demote(st, obj) < 0 ? -1 : count + 1;
+            }
+            Py_DECREF(obj);
+        }
+    }
+    Py_XDECREF(refs);
+    return count;
+}
+
 int
 carrier_attach(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t vid,
                PyObject *port, int declared)

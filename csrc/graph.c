@@ -222,8 +222,8 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_name,
     if (prev != NULL) {
         PyErr_Format(PyExc_RuntimeError,
                      "Error: unsupported use of sending the same tensor multiple times to the "
-                     "same node. Duplicate input sources in node %U: {'%U'} feeds both '%U' "
-                     "and '%U'. Declare the tensor once and reuse the traced value inside the "
+                     "same node. Duplicate input sources in node %U: %U (it feeds both '%U' "
+                     "and '%U'). Declare the tensor once and reuse the traced value inside the "
                      "node.",
                      node->name, src_key, prev, in_name);
         goto done;

@@ -182,6 +182,9 @@ int carrier_promote(leapp_state *st, PyObject *obj);
 /* Make every tensor given a carrier since the last call plain again (in
  * place: class back to torch.Tensor, carrier dropped); -1 on error. */
 Py_ssize_t carrier_release_all(leapp_state *st);
+/* Make the remembered tensors whose carrier names node plain again (a
+ * discarded node's declared inputs and buffers); -1 on error. */
+Py_ssize_t carrier_release_node(leapp_state *st, PyObject *node);
 
 /* ---- port.c ---------------------------------------------------------- */
 

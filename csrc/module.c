@@ -216,6 +216,42 @@ done:
     return result;
 }
 
+/* discard_node(node): forget a node that is still tracing (a call of an
+ * @annotate.method function that raised), so that the next call builds it
+ * afresh.  The node is closed, as reset_nodes() closes every node, and the
+ * tensors it promoted in place (declared inputs, buffers) are plain again;
+ * returns how many were. */
+static PyObject *
+module_discard_node(PyObject *module, PyObject *node)
+{
+    leapp_state *st = leapp_get_state(module);
+    PyObject *registered, *result = NULL;
+    Py_ssize_t released;
+    if (!Py_IS_TYPE(node, st->node_type)) {
+        PyErr_Format(PyExc_TypeError, "discard_node() expects a Node, got %s",
+                     Py_TYPE(node)->tp_name);
+        goto done;
+    }
+    registered = PyDict_GetItemWithError(st->nodes, ((NodeObject *)node)->name); /* borrowed */
+    if (registered != node || ((NodeObject *)node)->state != NODE_OPEN) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "discard_node(): '%U' is not a node of the session "
+                         "that is still tracing", ((NodeObject *)node)->name);
+        }
+        goto done;
+    }
+    if (PyDict_DelItem(st->nodes, ((NodeObject *)node)->name) < 0) {
+        goto done;
+    }
+    ((NodeObject *)node)->state = NODE_DONE;
+    released = carrier_release_node(st, node);
+    if (released >= 0) {
+        result = PyLong_FromSsize_t(released);
+    }
+done:
+    return result;
+}
+
 /* find_node(name): the session's node of that name, or None. */
 static PyObject *
 module_find_node(PyObject *module, PyObject *name)
@@ -249,6 +285,8 @@ static PyMethodDef module_methods[] = {
     {"register_node", module_register_node, METH_VARARGS,
      "Add a node to the session; its name must be new."},
     {"find_node", module_find_node, METH_O, "The session's node of that name, or None."},
+    {"discard_node", module_discard_node, METH_O,
+     "Forget a node still tracing; the tensors it promoted in place are plain again."},
     {"nodes", module_nodes, METH_NOARGS,
      "A read-only view of the session's nodes (name -> Node), in creation order."},
     {NULL, NULL, 0, NULL},

@@ -210,10 +210,15 @@ def twin(tensor: torch.Tensor, declared: list) -> tuple | None:
     return None
 
 
-def check_outputs(node: _core.Node, declared: list, outputs: list) -> None:
-    """Refuse an output that shares memory with a surviving declared input of the
-    node without leapp having followed the aliasing (no common alias group): a
-    write through one would not be seen through the other in the export."""
+def check_outputs(node: _core.Node, declared: list, outputs: list, updates: list = ()) -> None:
+    """Refuse an output that shares memory with a declared input the node uses
+    without leapp having followed the aliasing (no common alias group): a write
+    through one would not be seen through the other in the export.
+
+    updates are the node's other results (state updates): an input none of the
+    outputs and updates reads is pruned from the node, so it cannot conflict.
+    """
+    live = None  # the node's live values, computed at the first candidate
     for name, value in outputs:
         carrier = _core.carrier_of(value)
         where = _storage(value) if carrier is not None else None
@@ -228,12 +233,27 @@ def check_outputs(node: _core.Node, declared: list, outputs: list) -> None:
                 continue
             if carrier.group is not None and port_carrier.group is carrier.group:
                 continue  # followed views: every write reached both
-            if not any(p.name == port_name for p in node.inputs):
+            port = next((p for p in node.inputs if p.name == port_name), None)
+            if port is None:
                 continue  # pruned: the output is the only view of those bytes
+            if live is None:
+                live = _live_values(node, [v for _, v in outputs] + list(updates))
+            if not live[port.vid]:
+                continue  # unused: pruned when the node finishes
             fatal(f"Error: output '{name}' of node '{node.name}' shares memory with declared "
                   f"input '{port_name}', but they carry different tracing roots. An in-place "
                   f"write through one of them is not seen by the other in the exported graph. "
                   f"Use the value annotate.input_tensors() returned, or clone() the output.")
+
+
+def _live_values(node: _core.Node, results: list) -> bytes:
+    """Node.prune's live-value flags for the node's results (traced tensors)."""
+    vids = []
+    for value in results:
+        carrier = _core.carrier_of(value)
+        if carrier is not None and carrier.node is node:
+            vids.append(carrier.vid)
+    return node.prune(vids)[1]
 
 
 _core._bind_alias(link, write)

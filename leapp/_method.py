@@ -23,49 +23,74 @@ from ._traced import alias
 
 
 def call_method(api: Any, method: Any, args: tuple, kwargs: dict) -> Any:
-    """Run a decorated function as one traced node of api (the session's SessionAPI)."""
+    """Run a decorated function as one traced node of api (the session's SessionAPI).
+
+    A call that raises before the node is finished leaves no trace of it: a
+    node this call opened is discarded, so the next call builds it afresh.
+    """
     fn = method.fn
     options = method.options
     node_name = options.get("node_name") or getattr(fn, "__name__", "method")
+    existing = _core.find_node(node_name)
+    # defaults may be registered before any input
+    node = existing if existing is not None else api._new_node(node_name)
+    try:
+        return _trace_call(api, fn, options, node_name, node, args, kwargs)
+    except BaseException:
+        if existing is None and node.is_tracing and _core.find_node(node_name) is node:
+            for tracker in info(node).trackers:
+                tracker.restore()
+            _core.discard_node(node)
+            logger.debug("Node '%s' discarded: its first call raised", node_name)
+        raise
+
+
+def _trace_call(api: Any, fn: Any, options: dict, node_name: str, node: Any, args: tuple,
+                kwargs: dict) -> Any:
+    """call_method's work: declare the arguments, run fn, publish what it returns.
+
+    The inputs are declared in the order of the call, as upstream does:
+    positional arguments first (an excess over the named parameters, the
+    *args, as arg_0, arg_1, ...), then the keyword arguments as given.  fn is
+    called with the arguments in the shape they came in; tensor defaults not
+    passed become constants of the node, passed by keyword (positional-only
+    ones by position: every parameter after a skipped one is skipped too).
+    """
     target = inspect.unwrap(fn)
     # The signature of fn itself: it follows __wrapped__ (torch.no_grad() and
     # other functools.wraps decorators) and leaves out a bound method's self,
     # also when the method's function is the wrapped one.
     signature = inspect.signature(fn)
-    bound = signature.bind(*args, **kwargs)
+    bound = signature.bind(*args, **kwargs)  # the TypeError of a plain call
     params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     skip_first = bool(params) and params[0].name in ("self", "cls") and bool(bound.args)
-    # defaults may be registered before any input
-    node = _core.find_node(node_name) or api._new_node(node_name)
     first_pass = bool(node.is_tracing)
     if first_pass and (options.get("environment_constants") or options.get("register_buffers")):
         owner = bound.args[0] if skip_first else _bound_self(fn)
         _closed_over(api, node_name, target, owner, options)
     origin = ("method", getattr(target, "__code__", target))
     call_args: list = []
-    call_kwargs: dict = {}
-    for index, param in enumerate(params):
-        if param.name not in bound.arguments:
-            if isinstance(param.default, torch.Tensor):
-                # An unpassed tensor default is a constant of the node.  A fresh
-                # alias per parameter: one default object may serve several
-                # parameters, and the caller's default itself is never tagged.
-                call_kwargs[param.name] = api.register_buffer(
-                    node_name, {param.name: alias(param.default)})
-            continue
-        value = bound.arguments[param.name]
+    for index, value in enumerate(args):
         if index == 0 and skip_first:
             call_args.append(value)
-        elif param.kind is param.VAR_POSITIONAL:
-            for i, item in enumerate(value):
-                call_args.append(_method_input(api, node_name, f"arg_{i}", item, origin))
-        elif param.kind is param.VAR_KEYWORD:
-            for key, item in value.items():
-                call_kwargs[key] = _method_input(api, node_name, key, item, origin)
-        elif param.kind is param.KEYWORD_ONLY:
-            call_kwargs[param.name] = _method_input(api, node_name, param.name, value, origin)
+            continue
+        name = positional[index].name if index < len(positional) \
+            else f"arg_{index - len(positional)}"
+        call_args.append(_method_input(api, node_name, name, value, origin))
+    call_kwargs = {key: _method_input(api, node_name, key, value, origin)
+                   for key, value in kwargs.items()}
+    for param in params:
+        if param.name in bound.arguments or not isinstance(param.default, torch.Tensor):
+            continue
+        # An unpassed tensor default is a constant of the node.  A fresh
+        # alias per parameter: one default object may serve several
+        # parameters, and the caller's default itself is never tagged.
+        constant = api.register_buffer(node_name, {param.name: alias(param.default)})
+        if param.kind is param.POSITIONAL_ONLY:
+            call_args.append(constant)
         else:
-            call_args.append(_method_input(api, node_name, param.name, value, origin))
+            call_kwargs[param.name] = constant
     result = fn(*call_args, **call_kwargs)
     names = return_names(target)
     if result is None:

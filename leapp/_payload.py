@@ -157,6 +157,15 @@ def _rebuild_one(value: Any, path: tuple, replaced: dict[tuple, Any]) -> Any:
 
 
 def rebuild(values: dict, replaced: dict[tuple, Any]) -> Any:
-    """values with leaves swapped by path; one entry gives its value, else a tuple."""
-    out = [_rebuild_one(v, (k,), replaced) for k, v in values.items()]
+    """values with leaves swapped by path; one entry gives its value, else a tuple.
+
+    With nothing swapped the caller's own objects come back (its containers
+    too, as upstream returns them); otherwise each value holding a swapped
+    leaf is rebuilt (dict, list, tuple).
+    """
+    if not replaced:
+        out = list(values.values())
+        return out[0] if len(out) == 1 else tuple(out)
+    out = [_rebuild_one(v, (k,), replaced) if any(p[0] == k for p in replaced) else v
+           for k, v in values.items()]
     return out[0] if len(out) == 1 else tuple(out)

@@ -178,12 +178,18 @@ class CompileProgress:
         if not widget and not getattr(stream, "isatty", lambda: False)():
             return  # a file or a pipe: the lines are the progress
         steps = 2 * len(self.nodes) + 1 if validate else len(self.nodes) + 1
+        self.shown: Any = None  # the widget's display handle: updated when the bar closes
         try:
             self.bar = tqdm(total=steps, desc=f"compile {graph}", file=stream, leave=True,
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]",
-                            dynamic_ncols=True)
+                            dynamic_ncols=True, **({"display": False} if widget else {}))
+            if widget:  # shown with a handle, so that its plain-text form ends at 100 %
+                from IPython.display import display
+                self.shown = display(self.bar.container, display_id=True)
+                self.bar.displayed = True
         except Exception as exc:  # noqa: BLE001  (a front end without widgets: lines only)
             logger.debug("No progress bar: %s: %s", type(exc).__name__, exc)
+            self.bar = None
             return
         _logging.write_console_through(lambda text, to: tqdm.write(text, file=to))
 
@@ -249,3 +255,6 @@ class CompileProgress:
         if bar is not None:
             bar.set_postfix_str("", refresh=False)
             bar.close()
+            shown, self.shown = getattr(self, "shown", None), None
+            if shown is not None:
+                shown.update(bar.container)  # the text fallback now reads where it ended

@@ -59,8 +59,8 @@ class BundleWriteError(OSError):
 
 def bundle_owned(graph: str) -> set[str]:
     """Names a compile of graph writes into its bundle, whatever its nodes."""
-    return {f"{graph}.yaml", f"{graph}.png", f"{graph}_initial_values.safetensors", "log.txt",
-            MANIFEST}
+    return {f"{graph}.yaml", f"{graph}.png", f"{graph}.html",
+            f"{graph}_initial_values.safetensors", "log.txt", MANIFEST}
 
 
 def _pid_alive(pid: int) -> bool:

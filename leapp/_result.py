@@ -27,16 +27,19 @@ class CompileResult(dict):
     reused from the previous compile, validation) through
     ``_repr_html_`` and ``_repr_png_``.  Extra attributes: ``graph`` (the graph
     name), ``bundle`` (the bundle directory), ``nodes`` (the rows, as dicts)
-    and ``png`` (the picture's bytes, or None).
+    ``png`` (the picture's bytes, or None) and ``view`` (the interactive view's
+    page, ``<graph>.html``, shown inline in place of the picture; or None).
     """
 
     def __init__(self, results: dict, graph: str = "", bundle: str = "",
-                 nodes: list | None = None, png: bytes | None = None) -> None:
+                 nodes: list | None = None, png: bytes | None = None,
+                 view: str | None = None) -> None:
         super().__init__(results)
         self.graph = graph
         self.bundle = bundle
         self.nodes = list(nodes or [])
         self.png = png
+        self.view = view
 
     def __reduce__(self):  # pickles as the plain dict (attributes are display data)
         return (dict, (dict(self),))
@@ -66,7 +69,10 @@ class CompileResult(dict):
                 f"<td style=\"color:{colour}\">{esc(verdict_text)}</td>"
                 "</tr>")
         picture = ""
-        if self.png:
+        if self.view:
+            from .view import iframe
+            picture = iframe(self.view)
+        elif self.png:
             data = base64.b64encode(self.png).decode("ascii")
             picture = (f'<img src="data:image/png;base64,{data}" '
                        f'alt="{esc(self.graph)} pipeline" style="max-width:100%"/>')
@@ -91,13 +97,15 @@ def compile_result(results: dict, graph: str, bundle: str, models: dict, seconds
         rows.append({"node": name, "backend": parameters.get("backend"),
                      "file": parameters.get("model_path"), "seconds": seconds.get(name),
                      "reused": name in (reused or ()), "validation": results.get(name)})
-    png = None
+    png = view = None
     try:
         if not picture:
             raise FileNotFoundError(graph)
         with open(os.path.join(bundle, f"{graph}.png"), "rb") as handle:
             png = handle.read()
+        with open(os.path.join(bundle, f"{graph}.html"), encoding="utf-8") as text:
+            view = text.read()
     except OSError:
         pass  # visualize=False, or the drawing failed (already logged)
     return CompileResult(results, graph=graph, bundle=os.path.abspath(bundle), nodes=rows,
-                         png=png)
+                         png=png, view=view)

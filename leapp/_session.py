@@ -388,9 +388,13 @@ class SessionAPI:
         self._reenter_outputs(node, [_tensor_leaf(leaf, True) for leaf in leaves],
                               static_leaves)
         _guards.end_pass(node)
-        return rebuild(values, {leaf.path: _numpy._plain_array(leaf.value)
-                                if isinstance(leaf.value, np.ndarray) else plain(leaf.value)
-                                for leaf in leaves})
+        # The payload as passed; a leaf still traced (a value of another node
+        # passed through) comes back plain, in a rebuilt container.
+        unwrapped = ((leaf, _numpy._plain_array(leaf.value)
+                      if isinstance(leaf.value, np.ndarray) else plain(leaf.value))
+                     for leaf in leaves)
+        return rebuild(values, {leaf.path: value for leaf, value in unwrapped
+                                if value is not leaf.value})
 
     def _check_outputs(self, api: str, node: _core.Node, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
@@ -425,8 +429,11 @@ class SessionAPI:
             from .backends import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        updates = list(node_info.state_updates.values())
+        for tracker in node_info.trackers:
+            updates.extend(tracker.reassigned(node).values())
         _alias.check_outputs(node, node_info.declared_inputs(),
-                             [(leaf.name, leaf.value) for leaf in leaves])
+                             [(leaf.name, leaf.value) for leaf in leaves], updates)
         for leaf in static_leaves:
             if _core.carrier_of(leaf.value) is not None or type(leaf.value) is TracedTensor:
                 fatal(f"Error: static output '{leaf.name}' is a traced TracedTensor. Static "

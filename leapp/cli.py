@@ -3,6 +3,7 @@
     leapp inspect BUNDLE.yaml         nodes, ports, edges, feedback, checksums
     leapp run BUNDLE.yaml [--steps N] mock inputs through InferenceManager
     leapp draw BUNDLE.yaml [-o PNG]   the pipeline picture
+    leapp view BUNDLE.yaml [-o HTML]  the interactive view (one self-contained HTML file)
     leapp check BUNDLE.yaml           load every model, run one step
     leapp triton BUNDLE.yaml REPO     a Triton Inference Server model repository
 
@@ -179,6 +180,23 @@ def cmd_draw(args: argparse.Namespace, out: Any) -> int:
     return EXIT_OK
 
 
+def cmd_view(args: argparse.Namespace, out: Any) -> int:
+    _read_bundle(args.bundle)
+    target = args.output or os.path.splitext(args.bundle)[0] + ".html"
+    if not target.endswith((".html", ".htm")):
+        raise BundleError(f"-o {target}: the view is an HTML page; give a path ending in .html")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        raise BundleError(f"-o {target}: directory {parent} does not exist")
+    from .view import write_view
+    try:
+        write_view(args.bundle, target)
+    except (RuntimeError, OSError) as exc:
+        raise BundleError(_one_line(exc)) from exc
+    print(f"wrote {target}", file=out)
+    return EXIT_OK
+
+
 def cmd_check(args: argparse.Namespace, out: Any) -> int:
     manager = _manager(args.bundle)
     _step(manager)
@@ -198,10 +216,11 @@ def cmd_triton(args: argparse.Namespace, out: Any) -> int:
         raise BundleError(_one_line(exc)) from exc
     except FuseError as exc:
         raise CheckFailed(_one_line(exc)) from exc
-    kind = "sequence model (one state per correlation ID)" if repository.sequence else "ensemble"
+    kind = "a sequence model (one state per correlation ID)" if repository.sequence \
+        else "an ensemble"
     print(f"wrote {repository.path}: {len(repository.models)} model(s), serve_with="
           f"{args.serve_with}", file=out)
-    print(f"call {repository.entry!r}, a {kind}", file=out)
+    print(f"call {repository.entry!r}, {kind}", file=out)
     for title, tensors in (("inputs", repository.inputs), ("outputs", repository.outputs)):
         for name, (datatype, shape) in tensors.items():
             print(f"  {title[:-1]:6} {name}: {datatype}{shape}", file=out)
@@ -215,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="leapp", description="Look at, run, draw and check a bundle exported by "
         "leapp.compile_graph().",
         epilog="exit status: 0 ok, 1 a check failed, 2 usage error or unreadable bundle")
-    verbs = parser.add_subparsers(dest="verb", metavar="{inspect,run,draw,check,triton}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{inspect,run,draw,view,check,triton}")
     verbs.required = True
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
@@ -234,6 +253,11 @@ def _parser() -> argparse.ArgumentParser:
     draw.add_argument("-o", "--output", metavar="PNG",
                       help="where to write it (default: BUNDLE.png beside the YAML)")
     draw.set_defaults(run=cmd_draw)
+    view = verb("view", "Write the interactive view: one self-contained HTML page with the "
+                "pipeline, each node's ports, validation analytics, warnings and op graph.")
+    view.add_argument("-o", "--output", metavar="HTML",
+                      help="where to write it (default: BUNDLE.html beside the YAML)")
+    view.set_defaults(run=cmd_view)
     verb("check", "Load every model, verify checksums and run one step with mock inputs; "
          "exit 0 when all of it works, 1 when not.").set_defaults(run=cmd_check)
     triton = verb("triton", "Write a Triton Inference Server model repository that serves the "

@@ -196,6 +196,12 @@ class InferenceManager:
         self._load_initial_values()
         self._apply_initial_values()
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the bundle's interactive view (leapp.view), inline."""
+        from .view import iframe, render_html
+        graph = os.path.splitext(os.path.basename(self.model_path))[0]
+        return iframe(render_html(self.graph, graph, self._yaml_dir))
+
     # ---- loading ----------------------------------------------------------
 
     def _load_description(self) -> None:

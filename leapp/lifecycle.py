@@ -72,7 +72,12 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     if not isinstance(max_cached_io, int) or max_cached_io < 1:
         fatal(f"leapp.start(max_cached_io=...) must be an int >= 1, got {max_cached_io!r}",
               ValueError)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except PermissionError as exc:
+        fatal(f"leapp.start(): cannot create the bundle directory {directory}: permission "
+              f"denied (leapp.start(name, save_path=...) chooses another directory)",
+              PermissionError, cause=exc)
     was_running = _core.is_tracing()
     if was_running:
         _teardown_session()
@@ -344,6 +349,9 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                   fuse: bool = False) -> Any:
     """Export every node, write the YAML, the initial values, the PNG and validate.
 
+    visualize=True also writes <graph>.html, the interactive view (leapp.view,
+    docs/visualization.md), after validation.
+
     The new bundle is built beside the old one and validated there, each model
     loaded as InferenceManager loads it; then it replaces the old bundle in one
     step (leapp._publish).  An error before that leaves the old bundle as it was;
@@ -420,6 +428,9 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                 fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
             _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
+            if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
+                from .view import write_staged
+                write_staged(pipeline, graph, staging, bundle, _publish.finish_modes)
             _checkpoint("ready")
             _publish.commit(staging, bundle, graph)
         except Exception as exc:

@@ -19,6 +19,7 @@ import torch
 from ._logging import fatal, log_path, logger, section
 from .backends.load import load_node
 from .pipeline import Node
+from .view.analytics import record
 
 REENTRY_HINT = (
     "Sample 0 (initial trace) passed validation, but one or more re-entry samples failed. "
@@ -174,8 +175,11 @@ def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tenso
     if tuple(exported.shape) != tuple(source.shape):
         logger.error("%s/%s sample %d: Shape mismatch - got %s, expected %s", node, out, index,
                      list(exported.shape), list(source.shape))
+        record(node, out, index, False, rtol, atol, reason=f"shape {list(exported.shape)}, "
+               f"expected {list(source.shape)}")
         return False
     if _nonfinite(node, out, index, exported, source):
+        record(node, out, index, False, rtol, atol, exported, source, reason="NaN/Inf")
         return False
     if exported.dtype != source.dtype:
         raise TypeError(f"{node}/{out} sample {index}: the exported model returned dtype "
@@ -186,6 +190,7 @@ def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tenso
         close = torch.allclose(exported, source, rtol=rtol, atol=atol)
     if not close:
         _mismatch_report(node, out, index, exported, source, rtol, atol)
+    record(node, out, index, close, rtol, atol, exported, source)
     return close
 
 
@@ -208,6 +213,8 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
         if len(got) != len(example.outputs):
             logger.error("%s sample %d: Output count mismatch - got %d, expected %d", name,
                          example.index, len(got), len(example.outputs))
+            record(name, "(all)", example.index, False, rtol, atol,
+                   reason=f"{len(got)} outputs, expected {len(example.outputs)}")
             passed.append(False)
             continue
         ok = True

@@ -103,7 +103,20 @@ def test_saved_case_runs_as_is(tmp_path):
                                         if f.endswith(".py")))
 def test_every_saved_case_is_listed(case):
     """Each regression case is a known difference or a departure, with its reason."""
-    ids = {e["id"] for e in fuzz.KNOWN_DIFFERENCES + fuzz.DEPARTURES}
+    ids = {e["id"] for e in fuzz.KNOWN_DIFFERENCES + fuzz.DEPARTURES + fuzz.FIXED}
     assert case in ids
     source = open(os.path.join(fuzz.CASES, case + ".py")).read()
     compile(source, case, "exec")
+
+
+@pytest.mark.skipif(UPSTREAM is None,
+                    reason="no upstream leapp interpreter: run `make compat` (creates "
+                           ".compat-venv) or set LEAPP_UPSTREAM_PYTHON")
+def test_fixed_cases_match_upstream(tmp_path):
+    """Every difference the fuzzer found and that was fixed stays fixed."""
+    programs = [fuzz.case_program(entry["id"]) for entry in fuzz.FIXED]
+    report = fuzz.run_programs(programs, OURS, UPSTREAM, str(tmp_path), batch=len(programs),
+                               timeout=600)
+    summary = fuzz.summarise(report)
+    assert report["tried"] == len(programs), summary
+    assert report["differences"] == [], "\n" + summary

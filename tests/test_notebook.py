@@ -39,7 +39,8 @@ def test_result_is_the_validation_dict(tmp_path):
     assert all(row["seconds"] >= 0 for row in result.nodes)
     assert result._repr_png_().startswith(b"\x89PNG\r\n\x1a\n")
     page = result._repr_html_()
-    assert "<table" in page and "data:image/png;base64," in page
+    # the interactive view (leapp.view) in an iframe, in place of the picture
+    assert "<table" in page and '<iframe class="leapp-view" srcdoc=' in page
     assert "<td>enc</td><td>jit</td><td>enc.pt</td>" in page and ">passed</td>" in page
 
 
@@ -101,6 +102,9 @@ def test_compile_result_displays_inline_in_a_notebook(tmp_path):
         widgets = [o for o in outputs[1] if o.output_type == "display_data"
                    and "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
         assert len(widgets) == 1, outputs[1]
+        # its plain-text fallback tells where the compile ended, not where it began
+        text = widgets[0]["data"]["text/plain"]
+        assert "100%" in text and " 0%" not in text, text
 
 
 def _error_text(outputs: list) -> str:

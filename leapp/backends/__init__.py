@@ -84,10 +84,30 @@ def canonical(node: str, export_with: str | None) -> str | None:
         raise NotImplementedError(f"{node}: Python backend not implemented")
     name = CANONICAL.get(export_with) if isinstance(export_with, str) else None
     if name is None:
-        raise ValueError(
-            f"{node} Unexpected backend: {export_with}, \nplease use one of the following: "
-            f"{sorted(CANONICAL)} (or None to describe the node without exporting it)")
+        raise ValueError(f"node {node!r}: unknown backend {export_with!r}"
+                         f"{_did_you_mean(export_with)} (Unexpected backend: {export_with}; "
+                         f"please use one of the following: {sorted(CANONICAL)}, or None to "
+                         f"describe the node without exporting it)")
     return name
+
+
+#: What users write for a backend that has another name here.
+_ALIASES = {"torchscript": "jit", "script": "jit", "trace": "jit-trace", "traced": "jit-trace",
+            "export": "pt2", "torch.export": "pt2", "exportedprogram": "pt2",
+            "dynamo": "onnx", "onnx_dynamo": "onnx-dynamo", "torch.onnx": "onnx"}
+
+
+def _did_you_mean(export_with: Any) -> str:
+    """"; did you mean 'jit'?" for a near miss, else ""."""
+    if not isinstance(export_with, str):
+        return ""
+    key = export_with.strip().lower()
+    guess = _ALIASES.get(key) or (key if key in CANONICAL else None)
+    if guess is None:
+        import difflib
+        close = difflib.get_close_matches(key, list(CANONICAL), n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    return "" if guess is None else f"; did you mean {guess!r}?"
 
 
 def check_backend(node: str, export_with: str | None, backend_params: dict | None) -> str | None:

@@ -53,6 +53,24 @@ def _output_spec(name: str, output: Any) -> tuple[str, tuple[int, ...], torch.dt
     return name, tuple(output.shape), output.torch_dtype
 
 
+
+#: Whether this process already said that onnxruntime runs on the CPU although torch sees a
+#: GPU (said once: every ONNX node of every compile and load would repeat it).
+_FALLBACK_SAID: list[bool] = []
+
+
+def _cpu_fallback() -> None:
+    """Say that ONNX models run on the CPU: a warning, once per process, where a GPU exists
+    (torch sees CUDA) but onnxruntime has no CUDA provider; a DEBUG line where CUDA cannot
+    exist (a CPU-only torch, no GPU), where the CPU is no fallback but the only choice."""
+    if not torch.cuda.is_available():
+        logger.debug("onnxruntime runs on the CPU (no CUDA device, no CUDA execution provider)")
+    elif not _FALLBACK_SAID:
+        _FALLBACK_SAID.append(True)
+        logger.warning("CUDA execution provider not available. Falling back to CPU.")
+    else:
+        logger.debug("CUDA execution provider not available. Falling back to CPU.")
+
 class OnnxRunner:
     """Calls an ONNX model through onnxruntime with torch tensors in and out.
 
@@ -75,7 +93,7 @@ class OnnxRunner:
         if providers is None:
             providers = default_providers()
             if "CUDAExecutionProvider" not in providers:
-                logger.warning("CUDA execution provider not available. Falling back to CPU.")
+                _cpu_fallback()
         options = ort.SessionOptions()
         # BASIC on purpose: ENABLE_ALL has been seen to corrupt decomposed Gemm chains.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -67,6 +67,29 @@ def test_registering_a_duplicate_name_fails(session):
     assert session.nodes()["n"] is first and len(session.nodes()) == 1
 
 
+def test_discard_node_forgets_a_tracing_node_and_its_promoted_tensors(session):
+    import torch
+    node, other = session.Node("n"), session.Node("m")
+    session.register_node(node)
+    session.register_node(other)
+    mine, theirs = torch.ones(2), torch.ones(2)
+    session.set_carrier(mine, node, node.new_value(), None, True)
+    session.set_carrier(theirs, other, other.new_value(), None, True)
+    assert session.discard_node(node) == 1
+    assert type(mine) is torch.Tensor and session.carrier_of(mine) is None
+    assert session.carrier_of(theirs).node is other  # another node's tensors stay
+    assert session.find_node("n") is None and not node.is_tracing
+    assert dict(session.nodes()) == {"m": other}
+    session.register_node(session.Node("n"))  # the name is free again
+    with pytest.raises(ValueError, match="still tracing"):
+        session.discard_node(node)  # no longer the session's node
+    other.finish()
+    with pytest.raises(ValueError, match="still tracing"):
+        session.discard_node(other)  # finished
+    with pytest.raises(TypeError, match="Node"):
+        session.discard_node("m")
+
+
 # ---- the methods check their argument once ---------------------------------------
 
 def test_add_input_checks_its_port(core):
