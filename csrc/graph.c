@@ -5,6 +5,10 @@
  * finished before the consumer and feedback (feedback_flow) otherwise,
  * self-loops and declared state included.  Unconnected inputs are graph
  * inputs; outputs no edge consumes are graph outputs.
+ *
+ * The exporters' port renames are applied on the way (the nodes are read,
+ * never written): two mappings "node/port" -> final name, one per side; an
+ * input mapped to None was dropped by its exporter and takes no part.
  */
 #include "leapp.h"
 
@@ -12,6 +16,36 @@ static PyObject *
 joined(PyObject *node_name, PyObject *port_name)
 {
     return PyUnicode_FromFormat("%U/%U", node_name, port_name);
+}
+
+/* The final name of a port (a new reference): renames["node/port"], or
+ * port_name itself when it has no entry (or renames is None); Py_None for a
+ * dropped input; NULL with an exception set. */
+static PyObject *
+final_name(PyObject *renames, PyObject *node_name, PyObject *port_name)
+{
+    PyObject *key = NULL, *found = NULL, *result = NULL;
+    if (renames == Py_None) {
+        result = Py_NewRef(port_name);
+        goto done;
+    }
+    key = joined(node_name, port_name);
+    if (key == NULL) {
+        goto done;
+    }
+    found = PyDict_GetItemWithError(renames, key); /* borrowed */
+    if (found == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    if (found != NULL && found != Py_None && !PyUnicode_Check(found)) {
+        PyErr_Format(PyExc_TypeError, "build_pipeline(): the new name of %U must be a str or "
+                     "None, got %.200s", key, Py_TYPE(found)->tp_name);
+        goto done;
+    }
+    result = Py_NewRef(found != NULL ? found : port_name);
+done:
+    Py_XDECREF(key);
+    return result;
 }
 
 /* Append value to the list at mapping[key], creating it if needed. */
@@ -144,13 +178,13 @@ output_names(leapp_state *st, NodeObject *src)
 /* Wire one input port; `seen` maps each source key to the first input it fed.
  * The ports and the producer are held: comparisons may run Python code. */
 static int
-wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph,
-           PyObject *seen, PyObject *data_flow, PyObject *feedback, PyObject *consumed,
-           PyObject *connected, PyObject *messages)
+wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_name,
+           PyObject *out_renames, PyObject *in_graph, PyObject *seen, PyObject *data_flow,
+           PyObject *feedback, PyObject *consumed, PyObject *connected, PyObject *messages)
 {
     NodeObject *src = (NodeObject *)Py_NewRef(in->src_node); /* a Node: the setter checks */
     PortObject *out = NULL;
-    PyObject *src_key = NULL, *dst_key = NULL, *prev, *names = NULL;
+    PyObject *src_key = NULL, *dst_key = NULL, *prev, *names = NULL, *out_name = NULL;
     int rc = -1, member = PySet_Contains(in_graph, (PyObject *)src);
     if (member < 0) {
         goto done;
@@ -160,7 +194,7 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph
                          PyUnicode_FromFormat("Error: input %U/%U came from node '%U', which is "
                                               "not part of this graph.\nTreating it as a "
                                               "dangling input.",
-                                              node->name, in->name, src->name));
+                                              node->name, in_name, src->name));
         goto done;
     }
     out = find_output(st, src, in->src_port);
@@ -172,14 +206,15 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph
                                                   "node '%U', which does not produce it.\n"
                                                   "Available outputs: %R\nTreating it as a "
                                                   "dangling input.",
-                                                  node->name, in->name, in->src_port, src->name,
+                                                  node->name, in_name, in->src_port, src->name,
                                                   names));
         }
         goto done;
     }
     Py_INCREF(out);
-    src_key = joined(src->name, out->name);
-    dst_key = joined(node->name, in->name);
+    out_name = final_name(out_renames, src->name, out->name);
+    src_key = out_name != NULL ? joined(src->name, out_name) : NULL;
+    dst_key = src_key != NULL ? joined(node->name, in_name) : NULL;
     if (src_key == NULL || dst_key == NULL) {
         goto done;
     }
@@ -190,10 +225,10 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph
                      "same node. Duplicate input sources in node %U: %U (it feeds both '%U' "
                      "and '%U'). Declare the tensor once and reuse the traced value inside the "
                      "node.",
-                     node->name, src_key, prev, in->name);
+                     node->name, src_key, prev, in_name);
         goto done;
     }
-    if (PyErr_Occurred() || PyDict_SetItem(seen, src_key, in->name) < 0
+    if (PyErr_Occurred() || PyDict_SetItem(seen, src_key, in_name) < 0
         || check_edge(src_key, out, dst_key, in) < 0) {
         goto done;
     }
@@ -210,6 +245,7 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_graph
     rc = 0;
 done:
     Py_XDECREF(names);
+    Py_XDECREF(out_name);
     Py_XDECREF(src_key);
     Py_XDECREF(dst_key);
     Py_XDECREF(out);
@@ -219,8 +255,9 @@ done:
 
 /* Wire the inputs of one node; fills the edge maps and the consumed set. */
 static int
-wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_flow,
-          PyObject *feedback, PyObject *consumed, PyObject *connected, PyObject *messages)
+wire_node(leapp_state *st, NodeObject *node, PyObject *const renames[2], PyObject *in_graph,
+          PyObject *data_flow, PyObject *feedback, PyObject *consumed, PyObject *connected,
+          PyObject *messages)
 {
     Py_ssize_t i;
     int rc = 0;
@@ -234,12 +271,20 @@ wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_
     }
     for (i = 0; rc == 0 && i < PyTuple_GET_SIZE(inputs); i++) {
         PortObject *in = node_port_at(st, inputs, i); /* borrowed, then held */
+        PyObject *name;
         if (in->src_node == Py_None || in->src_port == Py_None) {
             continue;
         }
         Py_INCREF(in);
-        rc = wire_input(st, node, in, in_graph, seen, data_flow, feedback, consumed, connected,
-                        messages);
+        name = final_name(renames[0], node->name, in->name);
+        if (name == NULL) {
+            rc = -1;
+        }
+        else if (name != Py_None) {
+            rc = wire_input(st, node, in, name, renames[1], in_graph, seen, data_flow, feedback,
+                            consumed, connected, messages);
+        }
+        Py_XDECREF(name);
         Py_DECREF(in);
     }
     Py_DECREF(inputs);
@@ -249,7 +294,8 @@ wire_node(leapp_state *st, NodeObject *node, PyObject *in_graph, PyObject *data_
 
 /* Graph inputs (or outputs): ports of each node not in `linked`. */
 static PyObject *
-dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *linked, Py_ssize_t *count)
+dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *renames, PyObject *linked,
+         Py_ssize_t *count)
 {
     PyObject *result = PyDict_New(), *sorted = NULL;
     Py_ssize_t i, j;
@@ -261,17 +307,17 @@ dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *linked, Py_ssi
         PyObject *ports = outputs ? node->outputs : node->inputs;
         for (j = 0; j < PyTuple_GET_SIZE(ports); j++) {
             PortObject *p = node_port_at(st, ports, j); /* borrowed */
-            PyObject *key = joined(node->name, p->name);
-            int found = key ? PySet_Contains(linked, key) : -1;
+            PyObject *name = final_name(renames, node->name, p->name);
+            PyObject *key = name != NULL && name != Py_None ? joined(node->name, name) : NULL;
+            int found = key ? PySet_Contains(linked, key) : (name == Py_None ? 1 : -1);
             Py_XDECREF(key);
+            if (found == 0) {
+                found = append_to(result, node->name, name) < 0 ? -1 : 0;
+                (*count) += found == 0;
+            }
+            Py_XDECREF(name);
             if (found < 0) {
                 goto error;
-            }
-            if (!found) {
-                if (append_to(result, node->name, p->name) < 0) {
-                    goto error;
-                }
-                (*count)++;
             }
         }
     }
@@ -292,18 +338,29 @@ count_targets(PyObject *flow, Py_ssize_t *total)
     return flow;
 }
 
-/* build_pipeline(nodes: list[Node]) -> dict
+/* build_pipeline(nodes: list[Node], input_renames=None, output_renames=None) -> dict
  *   data_flow, feedback_flow, inputs, outputs: the YAML pipeline mappings
  *   statistics: dict of the graph statistics
- *   messages: list of (level, text) for the facade's logger */
+ *   messages: list of (level, text) for the facade's logger
+ * The renames map "node/port" to the port's final name (None: an input dropped). */
 static PyObject *
-build_pipeline(PyObject *module, PyObject *arg)
+build_pipeline(PyObject *module, PyObject *args)
 {
     leapp_state *st = leapp_get_state(module);
+    PyObject *arg, *renames[2] = {Py_None, Py_None};
     PyObject *nodes = NULL, *in_graph = NULL, *data_flow = NULL, *feedback = NULL;
     PyObject *consumed = NULL, *connected = NULL, *messages = NULL, *inputs = NULL;
     PyObject *outputs = NULL, *sorted_data = NULL, *sorted_feedback = NULL, *result = NULL;
     Py_ssize_t i, n_in = 0, n_out = 0, internal = 0;
+    if (!PyArg_ParseTuple(args, "O|OO:build_pipeline", &arg, &renames[0], &renames[1])) {
+        return NULL;
+    }
+    for (i = 0; i < 2; i++) {
+        if (renames[i] != Py_None && !PyDict_Check(renames[i])) {
+            PyErr_SetString(PyExc_TypeError, "build_pipeline(): renames must be dicts or None");
+            return NULL;
+        }
+    }
     nodes = PySequence_List(arg);
     in_graph = PySet_New(NULL);
     data_flow = PyDict_New();
@@ -326,13 +383,13 @@ build_pipeline(PyObject *module, PyObject *arg)
         }
     }
     for (i = 0; i < PyList_GET_SIZE(nodes); i++) {
-        if (wire_node(st, (NodeObject *)PyList_GET_ITEM(nodes, i), in_graph, data_flow, feedback,
-                      consumed, connected, messages) < 0) {
+        if (wire_node(st, (NodeObject *)PyList_GET_ITEM(nodes, i), renames, in_graph, data_flow,
+                      feedback, consumed, connected, messages) < 0) {
             goto done;
         }
     }
-    inputs = dangling(st, nodes, 0, connected, &n_in);
-    outputs = inputs ? dangling(st, nodes, 1, consumed, &n_out) : NULL;
+    inputs = dangling(st, nodes, 0, renames[0], connected, &n_in);
+    outputs = inputs ? dangling(st, nodes, 1, renames[1], consumed, &n_out) : NULL;
     if (outputs == NULL) {
         goto done;
     }
@@ -365,7 +422,7 @@ done:
 }
 
 static PyMethodDef graph_functions[] = {
-    {"build_pipeline", build_pipeline, METH_O,
+    {"build_pipeline", build_pipeline, METH_VARARGS,
      "Edges, feedback, graph inputs/outputs and statistics of finished nodes."},
     {NULL, NULL, 0, NULL},
 };

@@ -39,6 +39,7 @@ import torch
 import torch.fx as fx
 
 from ._logging import FATAL, logger
+from ._modes import file_mode
 from ._version import __implementation__, __version__
 
 MANIFEST = ".leapp_cache.json"
@@ -303,18 +304,12 @@ def _usable(name: str, entry: Any, inputs: int, outputs: int) -> bool:
                     for k, v in parameters.items()))
 
 
-def _umask_mode() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def _stage_file(source: str, target: str) -> None:
     """source into target: a hard link when it already has the mode a new file gets."""
     info = os.lstat(source)
     if not stat.S_ISREG(info.st_mode):
         raise OSError(f"{source} is not a regular file")
-    if stat.S_IMODE(info.st_mode) == _umask_mode():
+    if stat.S_IMODE(info.st_mode) == file_mode():
         try:
             os.link(source, target)
             return

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import _core
+from ._session_state import SESSION
 
 # Captured before any session patches them.
 _FROM_NUMPY = torch.from_numpy
@@ -36,15 +37,9 @@ _NP_ARRAY = np.array
 _NP_ASARRAY = np.asarray
 
 
-class _State:
-    """Whether a session with global_patching runs (set by the Patcher)."""
-
-    enabled = False
-
-
 def enabled() -> bool:
-    """True while a session with global_patching=True traces."""
-    return _State.enabled and _core.is_tracing()
+    """True while a session with global_patching=True traces (the session's NumPy switch)."""
+    return SESSION.numpy_patching and _core.is_tracing()
 
 
 class UnmappedNumpyError(NotImplementedError):

@@ -134,13 +134,11 @@ class Patcher:
         except BaseException:
             self.uninstall()
             raise
-        _numpy._State.enabled = True
         self._installed = True
         logger.debug("Installed %d session patches", len(self.saved))
 
     def uninstall(self) -> None:
         """Put every patched function back (those nobody replaced since)."""
-        _numpy._State.enabled = False
         self._installed = False
         while self.saved:
             owner, name, original, wrapper = self.saved.pop()

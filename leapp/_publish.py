@@ -37,10 +37,11 @@ import sys
 import tempfile
 from typing import Any, Iterable
 
-import yaml
 
 from ._incremental import MANIFEST
 from ._logging import logger
+from ._modes import directory_mode, file_mode
+from ._safe_load import load_yaml
 
 STAGING_PREFIX = ".leapp-"
 _STAGING_RE = re.compile(r"^\.leapp-(\d+)-[A-Za-z0-9_]+-(new|old)\.(.*)$", re.DOTALL)
@@ -133,34 +134,28 @@ def make_staging(bundle: str, graph: str, kind: str = "new") -> str:
                             dir=os.path.dirname(bundle))
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def finish_modes(staging: str, bundle: str, written: Iterable[str]) -> None:
     """Files the compile wrote get the umask's mode; the directory keeps the bundle's."""
-    mask = _umask()
+    mode = file_mode()
     for name in written:
         path = os.path.join(staging, name)
         if os.path.isfile(path) and not os.path.islink(path):
-            os.chmod(path, 0o666 & ~mask)
+            os.chmod(path, mode)
     try:
         mode = stat.S_IMODE(os.stat(bundle).st_mode)
     except OSError:
-        mode = 0o777 & ~mask
+        mode = directory_mode()
     os.chmod(staging, mode)
 
 
 def _referenced(bundle: str, graph: str) -> set[str]:
     """Top-level names the bundle's YAML refers to (models, their data, initial values)."""
-    try:
-        with open(os.path.join(bundle, f"{graph}.yaml"), encoding="utf-8") as handle:
-            # libyaml's safe loader where PyYAML has it: a re-compile reads this YAML
-            # every time, and the pure-Python loader costs ~0.1 s on a 4-node bundle.
-            description = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+    path = os.path.join(bundle, f"{graph}.yaml")
+    if not os.path.isfile(path):  # the first compile into this bundle
+        return set()
+    try:  # the bounded safe reader (libyaml's safe loader where PyYAML has it)
+        description = load_yaml(path)
+    except (OSError, ValueError):  # missing, unreadable or refused: it names nothing
         return set()
     if not isinstance(description, dict):
         return set()

@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from ._digest import file_digests
 from ._logging import fatal, logger
 
 #: Longest rendering of a bundle value inside an error message.
@@ -165,6 +166,14 @@ def bundle_file(bundle_dir: str, name: Any, what: str, allow_external: bool = Fa
             fatal(f"{what[0].upper()}{what[1:]} not found at {quote(joined)}", FileNotFoundError)
     check_regular_file(real, what[0].upper() + what[1:])
     return real
+
+
+def bundle_file_sha256(bundle_dir: str, name: Any, what: str,
+                       allow_external: bool = False) -> tuple[str, str]:
+    """(real path, sha256) of a file the bundle names: confined as :func:`bundle_file`
+    confines it, opened as a regular file (no FIFO or device is read) and hashed."""
+    path = bundle_file(bundle_dir, name, what, allow_external)
+    return path, file_digests(open_regular(path, what[0].upper() + what[1:]))[0]
 
 
 # ---- YAML -----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,31 +31,13 @@ from ._logging import fatal, logger
 from ._node_info import NodeInfo, info
 from ._origins import call_site, check_origin
 from ._payload import Leaf, flatten, normalize, rebuild
+from ._session_state import SESSION, SessionConfig
 from ._traced import TracedTensor, alias, clone_plain, plain
 
 
-@dataclass
-class SessionConfig:
-    """What leapp.start() was given."""
-
-    graph_name: str
-    save_dir: str
-    verbose: bool = False
-    dry_run: bool = False
-    non_traced: frozenset = frozenset()
-    max_cached_io: int = 5
-    global_patching: bool = True
-    patches: list = field(default_factory=list)
-    strict: bool = False          # refuse inputs computed outside every node (docs/api.md)
-    strict_guards: bool = False   # refuse values read into Python (docs/tracing.md)
-
-
-class _Current:
-    config: SessionConfig | None = None
-
-
 def config() -> SessionConfig | None:
-    return _Current.config
+    """The running (or last) session's configuration."""
+    return SESSION.config
 
 
 def _is_tensor(value: Any) -> bool:
@@ -274,7 +255,7 @@ class SessionAPI:
             f"written value with annotate.output_tensors('{writer.name}', {{'{name}': ...}}) "
             f"and declare that output in '{node.name}', or clone() the input inside "
             f"'{writer.name}' before writing to it.")
-        cfg = _Current.config
+        cfg = SESSION.config
         if cfg is not None and cfg.strict:
             fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
                   RuntimeError)
@@ -295,7 +276,7 @@ class SessionAPI:
                    f"Do that computation inside a node (e.g. in '{src_node}' before "
                    f"annotate.output_tensors, or in '{node.name}' after "
                    f"annotate.input_tensors), or declare the input from the output itself.")
-        cfg = _Current.config
+        cfg = SESSION.config
         if cfg is not None and cfg.strict:
             fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
                   RuntimeError)
@@ -359,7 +340,7 @@ class SessionAPI:
                   f"Every pass must give '{leaf.name}' the structure of the first one.")
 
     def _cache(self, node: _core.Node, port: _core.Port, value: torch.Tensor) -> None:
-        cfg = _Current.config
+        cfg = SESSION.config
         if cfg is not None and info(node).samples < cfg.max_cached_io - 1:
             info(node).pending[id(port)] = (port, clone_plain(value))
 
@@ -441,7 +422,7 @@ class SessionAPI:
     def _finish(self, node: _core.Node, leaves: list[Leaf], static_leaves: list[Leaf],
                 export_with: str | None, backend_params: dict) -> None:
         node_info = info(node)
-        cfg = _Current.config
+        cfg = SESSION.config
         skip = cfg is not None and (cfg.dry_run or node.name in cfg.non_traced)
         # Everything that can be refused is checked before the node changes.
         if not skip and export_with is not None:
@@ -596,7 +577,7 @@ class SessionAPI:
             self._check_same(node, port, leaf)
             self._cache(node, port, leaf.value)
         node_info.state_updates = {}
-        cfg = _Current.config
+        cfg = SESSION.config
         if node_info.pending and cfg is not None and node_info.samples < cfg.max_cached_io - 1:
             for port, value in node_info.pending.values():
                 port.samples.append(value)

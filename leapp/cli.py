@@ -58,13 +58,12 @@ def _one_line(exc: BaseException) -> str:
 
 def _checksum(yaml_dir: str, name: str, parameters: Mapping[str, Any]) -> tuple[str, bool]:
     """(what to print, ok) for one node's model file (confined to the bundle)."""
-    from ._digest import file_digests
-    from ._safe_load import bundle_file
+    from ._safe_load import bundle_file_sha256
     model_path = parameters.get("model_path")
     if not model_path:
         return "no model", True
     try:
-        path = bundle_file(yaml_dir, model_path, f"model file of node '{name}'")
+        _, actual = bundle_file_sha256(yaml_dir, model_path, f"model file of node '{name}'")
     except FileNotFoundError:
         return f"{model_path}: MISSING", False
     except ValueError as exc:  # outside the bundle, not a regular file, not a string
@@ -72,7 +71,7 @@ def _checksum(yaml_dir: str, name: str, parameters: Mapping[str, Any]) -> tuple[
     expected = parameters.get("sha256sum")
     if expected is None:
         return f"{model_path}: no sha256sum recorded", False
-    if file_digests(path)[0] != expected:
+    if actual != expected:
         return f"{model_path}: sha256 MISMATCH", False
     return f"{model_path}: sha256 ok", True
 

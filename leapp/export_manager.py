@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from . import _core, annotate
 from ._logging import fatal, logger
-from ._session import SessionConfig, _Current, info
+from ._session import info
+from ._session_state import SESSION, SessionConfig
 
 
 def _as_lists(value: Any) -> Any:
@@ -39,9 +40,7 @@ def _as_lists(value: Any) -> Any:
 
 def _config() -> SessionConfig:
     """The current session's configuration, created with upstream's defaults if absent."""
-    if _Current.config is None:
-        _Current.config = SessionConfig("my_graph", None)  # type: ignore[arg-type]
-    return _Current.config
+    return SESSION.config if SESSION.config is not None else SESSION.configure()
 
 
 class ExportManager:
@@ -95,25 +94,25 @@ class ExportManager:
     @property
     def patcher(self) -> Any:
         """The session's patcher (``install()`` / ``uninstall()``), None before a session."""
-        cfg = _Current.config
+        cfg = SESSION.config
         return cfg.patches[0] if cfg is not None and cfg.patches else None
 
     def set_graph_name(self, name: str) -> None:
         """Rename the graph (the YAML, PNG and initial-values file names)."""
-        _config().graph_name = name
+        SESSION.configure(graph_name=name)
 
     def get_graph_name(self) -> str:
         """The graph name; ``"my_graph"`` before any session, as upstream."""
-        cfg = _Current.config
+        cfg = SESSION.config
         return cfg.graph_name if cfg is not None else "my_graph"
 
     def set_save_path(self, save_path: str | None) -> None:
         """Set the bundle directory."""
-        _config().save_dir = save_path  # type: ignore[assignment]
+        SESSION.configure(save_dir=save_path)
 
     def get_save_path(self) -> str | None:
         """The bundle directory, None before any session."""
-        cfg = _Current.config
+        cfg = SESSION.config
         return cfg.save_dir if cfg is not None else None
 
     def ensure_save_path_exists(self) -> None:
@@ -132,20 +131,18 @@ class ExportManager:
         """Set dry-run mode and the nodes that are described but not exported."""
         if isinstance(non_traced, str):
             non_traced = [non_traced]
-        cfg = _config()
-        cfg.dry_run = bool(dry_run)
-        cfg.non_traced = frozenset(non_traced or ())
+        SESSION.configure(dry_run=bool(dry_run), non_traced=frozenset(non_traced or ()))
 
     def is_dry_run(self, name: str | None = None) -> bool:
         """Dry run for the session, or (with ``name``) for that node."""
-        cfg = _Current.config
+        cfg = SESSION.config
         if cfg is None:
             return False
         return bool(cfg.dry_run) or (name is not None and name in cfg.non_traced)
 
     def set_max_cached_io(self, max_cached_io: int) -> None:
         """Samples kept per node for validation (the first pass included)."""
-        _config().max_cached_io = int(max_cached_io)
+        SESSION.configure(max_cached_io=int(max_cached_io))
 
     # ---- nodes and the session flag -----------------------------------------
 
@@ -164,7 +161,7 @@ class ExportManager:
         Turning it off does not put module buffers or patches back; use
         ``leapp.stop()`` for that.  Turning it on needs a started session.
         """
-        if is_enabled and _Current.config is None:
+        if is_enabled and SESSION.config is None:
             fatal("ExportManager.set_interpret_graph(True) needs a session: call "
                   "leapp.start() first.")
         _core.set_tracing(bool(is_enabled))
@@ -234,15 +231,13 @@ class ExportManager:
 
     # ---- compile steps -------------------------------------------------------
 
-    def _last_compile(self) -> dict:
-        from .lifecycle import LAST_COMPILE
-        return LAST_COMPILE
+    def _last_compile(self) -> Any:
+        return SESSION.last_compile
 
     def set_detected_graph(self, models: dict, pipeline: dict) -> None:
         """Record the YAML documents of a compiled graph (``detected_nodes`` / ``_pipeline``)."""
-        last = self._last_compile()
-        last["models"] = dict(models["models"])
-        last["pipeline"] = dict(pipeline["pipeline"])
+        SESSION.record_compile(models=dict(models["models"]),
+                               pipeline=dict(pipeline["pipeline"]))
 
     @property
     def detected_nodes(self) -> dict:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ._digest import file_digests
+from ._dtypes import BY_TORCH, onnx_type
 from ._safe_load import quote
 from .backends.load import load
 from .pipeline import split_key
@@ -63,16 +64,7 @@ VALIDATION_STEPS = 12
 #: Accepted ``format`` values and the file suffix of each.
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 
-# Initialisers above this many bytes go to <model>.data (protobuf caps a file at 2 GB).
-_EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
 
-_DTYPE_NAMES = {
-    torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
-    torch.bfloat16: "bfloat16", torch.int8: "int8", torch.int16: "int16",
-    torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-    torch.uint16: "uint16", torch.uint32: "uint32", torch.uint64: "uint64",
-    torch.bool: "bool",
-}
 
 
 class FuseError(ValueError):
@@ -89,7 +81,7 @@ class Port:
     key: str | None = None  # the YAML's "node/port" where the name differs from it
 
     def describe(self) -> dict[str, Any]:
-        entry = {"name": self.name, "dtype": _DTYPE_NAMES[self.dtype], "shape": list(self.shape)}
+        entry = {"name": self.name, "dtype": BY_TORCH[self.dtype].name, "shape": list(self.shape)}
         if self.key is not None and self.key != self.name:
             entry["key"] = self.key
         return entry
@@ -109,7 +101,7 @@ class State:
     def describe(self) -> dict[str, Any]:
         raw = self.initial.detach().cpu().contiguous()
         data = raw.view(torch.uint8).numpy().tobytes() if raw.numel() else b""
-        return {"input": self.input, "output": self.output, "dtype": _DTYPE_NAMES[self.dtype],
+        return {"input": self.input, "output": self.output, "dtype": BY_TORCH[self.dtype].name,
                 "shape": list(self.shape),
                 "initial": {"encoding": "base64-le", "data": base64.b64encode(data).decode()}}
 
@@ -223,20 +215,6 @@ def plan(manager: Any) -> Plan:
 
 
 # ---- the ONNX fused model ---------------------------------------------------------
-
-
-def _onnx_dtype(dtype: torch.dtype) -> int:
-    from onnx import TensorProto
-    table = {
-        torch.float16: TensorProto.FLOAT16, torch.float32: TensorProto.FLOAT,
-        torch.float64: TensorProto.DOUBLE, torch.bfloat16: TensorProto.BFLOAT16,
-        torch.int8: TensorProto.INT8, torch.int16: TensorProto.INT16,
-        torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64,
-        torch.uint8: TensorProto.UINT8, torch.uint16: TensorProto.UINT16,
-        torch.uint32: TensorProto.UINT32, torch.uint64: TensorProto.UINT64,
-        torch.bool: TensorProto.BOOL,
-    }
-    return table[dtype]
 
 
 def _ai_onnx_opset(model: Any) -> int:
@@ -437,7 +415,7 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
                                       name=f"state::{state.output}"))
 
     def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-        return helper.make_tensor_value_info(name, _onnx_dtype(dtype), list(shape))
+        return helper.make_tensor_value_info(name, onnx_type(dtype), list(shape))
 
     graph = helper.make_graph(
         nodes, f"{the_plan.pipeline}_fused",
@@ -456,10 +434,8 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
 
 def _save_onnx(model: Any, path: str, final: str) -> None:
     """Save to path; large weights go beside it as <final's name>.data."""
-    import onnx
-    external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(model, path, save_as_external_data=external,
-                    location=os.path.basename(final) + ".data" if external else None)
+    from .backends.onnx import save_model
+    save_model(model, path, os.path.basename(final) + ".data")
 
 
 # ---- the TorchScript fused model --------------------------------------------------
@@ -605,12 +581,10 @@ class FusedModel:
         self.state_outputs = [s["output"] for s in self.metadata["state"]]
         self._initial = initial_state(self.metadata)
         if self.path.endswith(".onnx"):
-            import onnxruntime as ort
+            from .backends.onnx_runner import default_providers
 
             if providers is None:
-                available = ort.get_available_providers()
-                providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
-                             if p in available]
+                providers = default_providers()
             # InferenceManager's runner: numpy views on CPU, I/O binding for CUDA tensors
             described = self.metadata["outputs"] + [
                 {"name": s["output"], "dtype": s["dtype"], "shape": s["shape"]}
@@ -878,8 +852,8 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
             save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
         if not batch:
             validate(tmp, manager, validate_steps, rtol, atol, shown=shown)
-        from ._publish import _umask
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is no file mode of a bundle
+        from ._modes import file_mode
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 is no file mode of a bundle
         os.replace(tmp, out)
     except BaseException:
         for leftover in (tmp,):

@@ -14,7 +14,8 @@ from . import _core, _guards, _incremental, _logging, _publish
 from ._digest import file_digests
 from ._logging import fatal, logger, section
 from ._progress import NO_MODEL, CompileProgress, third_party_to_log
-from ._session import SessionConfig, _Current, check_session_thread, info
+from ._session import check_session_thread, info
+from ._session_state import SESSION, SessionConfig
 from ._threads import intra_op_threads, validation_threads
 from ._torch_caches import release_export_caches
 from ._version import __implementation__, __version__  # noqa: F401
@@ -26,8 +27,9 @@ __config_version__ = "1.3"
 
 # The last compile_graph() of the session, for leapp.ExportManager: its YAML
 # "models" and "pipeline" documents, and (only when it did not validate) the
-# validation entries holding the exported models.
-LAST_COMPILE: dict = {}
+# validation entries holding the exported models.  The session owns it; this
+# read-only view keeps the old name.
+LAST_COMPILE = SESSION.last_compile
 
 
 def _resolve_name(name: Any, save_path: str) -> tuple[str, str]:
@@ -88,17 +90,15 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
         logger.info("Starting dry run mode")
     from ._patching import Patcher
     patcher = Patcher(global_patching, patching or [])
-    _Current.config = SessionConfig(graph, directory, verbose, dry_run,
-                                    frozenset(non_traced or ()), max_cached_io, global_patching,
-                                    [patcher], strict=bool(strict),
-                                    strict_guards=bool(strict_guards))
+    config = SessionConfig(graph, directory, verbose, dry_run, frozenset(non_traced or ()),
+                           max_cached_io, global_patching, (patcher,), strict=bool(strict),
+                           strict_guards=bool(strict_guards))
     _guards.Options.strict = bool(strict_guards)
     _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
-    LAST_COMPILE.clear()
     _core.set_tracing(True)
     try:
-        patcher.install()
+        SESSION.start(config)
     except BaseException:
         _core.set_tracing(False)
         raise
@@ -110,10 +110,7 @@ def _teardown_session() -> None:
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
             tracker.restore()
-    cfg = _Current.config
-    if cfg is not None:
-        for patcher in cfg.patches:
-            patcher.uninstall()
+    SESSION.stop()
     # The user's tensors promoted in place, and every traced value they hold,
     # become plain torch.Tensors again: compile_graph() reads the nodes' op
     # logs and ports, never the tensors' carriers.
@@ -167,13 +164,16 @@ def _backend_label(export_with: str | None, result: Any) -> str:
 def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
                   progress: CompileProgress) -> dict:
     """Export every node into work_dir (or reuse its unchanged file); {node name: Exported}."""
-    from .backends import export_node
+    from .backends import ExportContext, export_node
     exported = {}
     section(f"Discovered {len(nodes)} nodes")
-    cfg = _Current.config
+    cfg = SESSION.config
+    non_traced = cfg.non_traced if cfg is not None else frozenset()
+    context = ExportContext(cfg.save_dir if cfg is not None else os.path.dirname(work_dir),
+                            bool(cfg is not None and cfg.verbose))
     for node in nodes:
         node_info = info(node)
-        if cfg is not None and node.name in cfg.non_traced:
+        if node.name in non_traced:
             continue  # described and wired, never exported
         section(f"Compiling {node.name}")
         progress.exporting(node.name)
@@ -190,16 +190,10 @@ def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
                     result = export_node(node.name, node_info.export_with,
                                          node_info.backend_params, module, inputs,
                                          [p.name for p in node.inputs],
-                                         [p.name for p in node.outputs], work_dir)
+                                         [p.name for p in node.outputs], work_dir, context)
                     cache.remember(node, key, result, notes)
         except Exception as exc:
             fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
-        for port, name in zip(node.inputs, result.input_names):
-            node.rename_input(port.name, name)
-        if result.dropped_inputs:
-            node.trim_inputs([p.name for p in node.inputs if p.name in result.dropped_inputs])
-        for port, name in zip(node.outputs, result.output_names):
-            node.rename_output(port.name, name)  # and the source of every input it feeds
         result.seconds = time.perf_counter() - started
         exported[node.name] = result
         progress.exported(node.name, _backend_label(node_info.export_with, result),
@@ -208,8 +202,46 @@ def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
     return exported
 
 
-def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str) -> dict:
-    """The YAML entry of one node (inputs, outputs, parameters)."""
+class Renames:
+    """The exporters' port renames, applied to the compiled documents (the traced nodes
+    keep their names): ONNX may rename a port or drop an input it does not use."""
+
+    def __init__(self, nodes: list, exported: dict) -> None:
+        #: "node/port" -> final name (None: the input was dropped), one mapping per side
+        self.inputs: dict[str, str | None] = {}
+        self.outputs: dict[str, str] = {}
+        for node in nodes:
+            result = exported.get(node.name)
+            if result is None:
+                continue
+            dropped = set(result.dropped_inputs)
+            for port, name in zip(node.inputs, result.input_names):
+                if name in dropped or name != port.name:
+                    self.inputs[f"{node.name}/{port.name}"] = None if name in dropped else name
+            for port, name in zip(node.outputs, result.output_names):
+                if name != port.name:
+                    self.outputs[f"{node.name}/{port.name}"] = name
+
+    def inputs_of(self, node: Any) -> list[tuple[Any, str]]:
+        """(port, final name) of the node's inputs its model kept, in order."""
+        named = [(p, self.inputs.get(f"{node.name}/{p.name}", p.name)) for p in node.inputs]
+        return [(p, name) for p, name in named if name is not None]
+
+    def outputs_of(self, node: Any) -> list[tuple[Any, str]]:
+        """(port, final name) of the node's outputs, in order."""
+        return [(p, self.outputs.get(f"{node.name}/{p.name}", p.name)) for p in node.outputs]
+
+
+def _described(port: Any, name: str) -> dict:
+    entry = port.describe()
+    entry["name"] = name
+    return entry
+
+
+def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str,
+                 renames: Renames | None = None) -> dict:
+    """The YAML entry of one node (inputs, outputs, parameters), with the exporter's
+    port names."""
     path = md5 = sha = backend = None
     extra: dict = {}
     if result is not None:
@@ -222,20 +254,24 @@ def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str) -> dict
     parameters = {"model_path": path, "md5sum": md5, "sha256sum": sha, "backend": backend,
                   "warp_segments": 0}
     parameters.update(extra)
+    if renames is None:
+        return {"inputs": [p.describe() for p in node.inputs],
+                "outputs": [p.describe() for p in node.outputs],
+                "parameters": parameters}
     return {
-        "inputs": [p.describe() for p in node.inputs],
-        "outputs": [p.describe() for p in node.outputs],
+        "inputs": [_described(p, name) for p, name in renames.inputs_of(node)],
+        "outputs": [_described(p, name) for p, name in renames.outputs_of(node)],
         "parameters": parameters,
     }
 
 
 def _save_initial_values(nodes: list, pipeline: dict, work_dir: str, bundle: str,
-                         graph: str) -> str | None:
+                         graph: str, renames: Renames) -> str | None:
     """Write <graph>_initial_values.safetensors into work_dir; its name, or None."""
     if not pipeline["feedback_flow"]:
         return None
     from safetensors.torch import save_file
-    by_key = {f"{n.name}/{p.name}": p for n in nodes for p in n.inputs}
+    by_key = {f"{n.name}/{name}": p for n in nodes for p, name in renames.inputs_of(n)}
     tensors = {}
     for targets in pipeline["feedback_flow"].values():
         for key in targets:
@@ -258,15 +294,17 @@ def _checkpoint(phase: str) -> None:
 
 def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_export: bool,
            visualize: bool, graph_configs: GraphConfigs | None,
-           progress: CompileProgress) -> tuple[dict, dict, Pipeline, set]:
-    """Write the whole new bundle into staging; (exported, models, pipeline, reused nodes)."""
+           progress: CompileProgress) -> tuple[dict, dict, Pipeline, set, Renames]:
+    """Write the whole new bundle into staging; (exported, models, pipeline, reused nodes,
+    the exporters' renames).  The nodes are read, never written."""
     cache = _incremental.Cache(bundle, staging, _incremental.enabled())
     exported = {} if skip_export else _export_nodes(nodes, staging, cache, progress)
     cache.write()
     progress.writing()
     _checkpoint("exported")
     section("Processing Node Connections Using Traced Output Ports")
-    built = _core.build_pipeline(nodes)
+    renames = Renames(nodes, exported)
+    built = _core.build_pipeline(nodes, renames.inputs, renames.outputs)
     for level, message in built["messages"]:
         getattr(logger, level)(message)
     pipeline: dict = {}
@@ -275,7 +313,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     pipeline["data_flow"] = built["data_flow"]
     pipeline["feedback_flow"] = built["feedback_flow"]
     initial = None if skip_export else _save_initial_values(
-        nodes, built, staging, bundle, cfg.graph_name)
+        nodes, built, staging, bundle, cfg.graph_name, renames)
     if initial is not None:
         pipeline["initial_values"] = initial
     pipeline["inputs"] = built["inputs"]
@@ -286,7 +324,8 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
                        {"leapp config version": __config_version__, "leapp version": __version__})
         cache.write()
     section(f"Compiling graph parameters for {len(nodes)} nodes")
-    models = {n.name: _model_entry(n, exported.get(n.name), bundle, staging) for n in nodes}
+    models = {n.name: _model_entry(n, exported.get(n.name), bundle, staging, renames)
+              for n in nodes}
     stats = built["statistics"]
     section("Graph Statistics")
     logger.info("- Computation nodes: %d", stats["computation_nodes"])
@@ -308,7 +347,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     _publish.carry_foreign(bundle, staging, cfg.graph_name, in_place)
     _publish.finish_modes(staging, bundle, written + ["log.txt"])
     progress.written()
-    return exported, models, model, cache.reused
+    return exported, models, model, cache.reused, renames
 
 
 def compile_graph(visualize: bool = True, verbose: bool | None = None, validate: bool = True,
@@ -338,7 +377,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     if _core.is_tracing():
         fatal("LEAPP graph interpretation is enabled. Call leapp.stop() before "
               "leapp.compile_graph().")
-    cfg = _Current.config
+    cfg = SESSION.config
     if cfg is None:
         fatal("leapp.compile_graph() called before leapp.start(): nothing was traced.")
     if graph_configs is not None and not isinstance(graph_configs, GraphConfigs):
@@ -357,9 +396,9 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     os.makedirs(os.path.dirname(bundle), exist_ok=True)
     _publish.check_same_filesystem(bundle)
     _logging.detach()
-    _publish.clean_stale(bundle, graph, _LIVE_STAGING)
+    _publish.clean_stale(bundle, graph, SESSION.live_staging)
     staging = _publish.make_staging(bundle, graph)
-    _LIVE_STAGING.add(staging)
+    SESSION.stage(staging)
     committed = False
     results: dict = {}
     failure = None
@@ -372,14 +411,15 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         try:
             with third_party_to_log(f"compiling {graph}"):
                 with intra_op_threads(1):  # copies and compiling: see leapp._threads
-                    exported, models, pipeline, reused = _stage(
+                    exported, models, pipeline, reused, renames = _stage(
                         cfg, nodes, staging, bundle, skip_export, visualize, graph_configs,
                         progress)
                 _checkpoint("written")
                 entries = [(n.name, SavedModel(n.name, models[n.name], staging,
                                                allow_external=exported[n.name].external)
                             if n.name in exported and exported[n.name].path else None,
-                            list(n.inputs), list(n.outputs)) for n in nodes]
+                            [p for p, _ in renames.inputs_of(n)], list(n.outputs))
+                           for n in nodes]
                 if validate and not skip_export:
                     with intra_op_threads(validation_threads(staging, [
                             r.path for r in exported.values() if r.external and r.path])):
@@ -411,7 +451,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     finally:
         progress.close()
         shutil.rmtree(staging, ignore_errors=True)
-        _LIVE_STAGING.discard(staging)
+        SESSION.unstage(staging)
         log_file = os.path.join(bundle, "log.txt")
         if committed:
             _logging.attach(log_file)
@@ -422,9 +462,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     for _, model, _, _ in entries:
         if isinstance(model, SavedModel):
             model.yaml_dir = bundle  # the committed files
-    LAST_COMPILE.clear()
-    LAST_COMPILE.update(models=models, pipeline=pipeline.pipeline_section(),
-                        entries=None if skip_export or validate else entries)
+    SESSION.record_compile(models=models, pipeline=pipeline.pipeline_section(),
+                           entries=None if skip_export or validate else entries)
     if skip_export or not validate:
         return True
     if strict and failure is not None:
@@ -433,10 +472,6 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     return compile_result(results, cfg.graph_name, cfg.save_dir, models,
                           {name: e.seconds for name, e in exported.items()}, visualize,
                           reused)
-
-
-# Staging directories of compiles running in this process (never "stale").
-_LIVE_STAGING: set[str] = set()
 
 
 def _visualize(work_dir: str, bundle: str, graph: str, model: Pipeline) -> None:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
+from ._dtypes import SPELLINGS
 from ._logging import reject
-from ._safe_load import clip, parse_shape, quote
+from ._safe_load import BUNDLE_DOCUMENTS, clip, parse_shape, quote
 
 #: Edge kinds.  Forward edges are ``data_flow``; the others are
 #: ``feedback_flow``: between two nodes, from a node to another input of its
@@ -33,19 +34,13 @@ FORWARD, FEEDBACK, SELF, STATE = "forward", "feedback", "self", "state"
 #: The key of graph outputs in ``InferenceManager.value_dict``; no node may be named so.
 OUTPUT_KEY = "==out=="
 
-#: The three YAML documents of a bundle, in file order.
-DOCUMENTS = ("models", "pipeline", "system information")
+#: The three YAML documents of a bundle, in file order (defined by the safe reader).
+DOCUMENTS = BUNDLE_DOCUMENTS
 
 _FLOWS = ("data_flow", "feedback_flow", "inputs", "outputs")
 
-#: dtype names a port may carry -> the torch dtype's attribute name.
-DTYPES: Mapping[str, str] = MappingProxyType({
-    **{name: name for name in (
-        "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64", "bool")},
-    # spellings seen in older bundles
-    "float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
-})
+#: dtype names a port may carry -> the torch dtype's attribute name (leapp._dtypes).
+DTYPES: Mapping[str, str] = SPELLINGS
 _PARAMETERS = ("model_path", "md5sum", "sha256sum", "backend")
 
 
@@ -308,11 +303,11 @@ class Pipeline:
     holds the ``pipeline`` document's other keys (``configs``, ...) and
     ``extra`` any top-level document after the three of every bundle.
 
-    A pipeline built by ``compile_graph`` (:meth:`from_compile`) keeps the
-    documents it was given and writes them as they are; its typed fields are
-    read from them the first time one is asked for.  Building the typed model
-    of a 200-node pipeline costs more than writing its YAML, and most compiles
-    never ask for it (only the picture does).
+    A pipeline built by ``compile_graph`` (:meth:`from_compile`) copies the
+    documents it is given, builds its typed fields from that copy at once
+    (without the reader's checks: the session checked its wiring as it was
+    traced) and writes the copy as it is.  Every pipeline is complete and
+    read-only from construction on; none is filled in later.
     """
 
     nodes: Mapping[str, Node]
@@ -324,38 +319,48 @@ class Pipeline:
     sections: Mapping[str, Any]
     system_information: Mapping[str, Any]
     extra: Mapping[str, Any]
-    _documents: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a slot never set: the typed fields of a compiled pipeline.
-        documents = object.__getattribute__(self, "_documents")
-        if documents is None or name not in _TYPED_FIELDS:
-            raise AttributeError(name)
-        merged = {key: value for document in documents for key, value in document.items()}
-        typed = Pipeline.from_document(merged, check_wiring=False)
-        for field_name in _TYPED_FIELDS:
-            object.__setattr__(self, field_name, getattr(typed, field_name))
-        return object.__getattribute__(self, name)
+    # the documents a compiled pipeline writes (its own copy); None for one read from YAML
+    _documents: tuple[dict[str, Any], ...] | None = field(default=None, repr=False,
+                                                          compare=False)
 
     @classmethod
     def from_compile(cls, models: dict[str, Any], section: dict[str, Any],
                      system_information: dict[str, Any]) -> "Pipeline":
-        """The pipeline ``compile_graph`` traced, from the documents it built (their owner now).
+        """The pipeline ``compile_graph`` traced, from the documents it built.
 
-        Ports and edges were checked as they were traced; shapes and flows
-        become flow-style lists here, as YAML writes them.
+        The documents are copied (the caller's stay as they are): each port
+        entry and parameter mapping, with shapes and flows as flow-style lists,
+        as YAML writes them; the values inside a port entry (semantic fields)
+        are shared, never written.  Ports and edges were checked as they were
+        traced, so the typed fields are built from the copy without the
+        reader's checks: a 200-node compile pays for copies, not for parsing.
         """
-        for entry in models.values():
-            for port in entry["inputs"] + entry["outputs"]:
-                port["shape"] = tuple(port["shape"])
-        for key in _FLOWS:
-            if key in section:
-                section[key] = {k: tuple(v) for k, v in section[key].items()}
-        model = object.__new__(cls)
-        object.__setattr__(model, "_documents", [
-            {"models": models}, {"pipeline": section},
-            {"system information": system_information}])
-        return model
+        own_models: dict[str, Any] = {}
+        nodes: dict[str, Node] = {}
+        for name, entry in models.items():
+            inputs = [{**port, "shape": tuple(port["shape"])} for port in entry["inputs"]]
+            outputs = [{**port, "shape": tuple(port["shape"])} for port in entry["outputs"]]
+            parameters = dict(entry["parameters"])
+            own_models[name] = {**entry, "inputs": inputs, "outputs": outputs,
+                                "parameters": parameters}
+            nodes[name] = Node(name, _compiled_ports(name, inputs),
+                               _compiled_ports(name, outputs), MappingProxyType(parameters))
+        own_section = {key: {k: tuple(v) for k, v in value.items()} if key in _FLOWS else value
+                       for key, value in section.items()}
+        edges = tuple(
+            Edge(*split_key(source, "pipeline source"), *split_key(target, "pipeline target"),
+                 feedback=(key == "feedback_flow"))
+            for key in ("data_flow", "feedback_flow")
+            for source, targets in own_section.get(key, {}).items() for target in targets)
+        terminals = {key: tuple((node, port) for node, ports in own_section.get(key, {}).items()
+                                for port in ports) for key in ("inputs", "outputs")}
+        others = {k: v for k, v in own_section.items()
+                  if k not in _FLOWS and k != "initial_values"}
+        return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
+                   _run_order(nodes, edges), own_section.get("initial_values"),
+                   _frozen(others), _frozen(system_information), MappingProxyType({}),
+                   ({"models": own_models}, {"pipeline": own_section},
+                    {"system information": dict(system_information)}))
 
     # ---- reading ----------------------------------------------------------
 
@@ -469,12 +474,14 @@ class Pipeline:
         """The bundle YAML's text."""
         from . import _core
         if self._documents is not None:
-            return _core.emit_yaml(self._documents)
+            return _core.emit_yaml(list(self._documents))
         return _core.emit_yaml(self.to_documents())
 
 
-_TYPED_FIELDS = ("nodes", "edges", "inputs", "outputs", "run_order", "initial_values",
-                 "sections", "system_information", "extra")
+def _compiled_ports(node: str, entries: list[dict[str, Any]]) -> tuple[Port, ...]:
+    """A compiled node's ports over their (copied) entries, read-only."""
+    return tuple(Port(node, e["name"], e["dtype"], e["shape"], MappingProxyType(e))
+                 for e in entries)
 
 
 def _check_wiring(nodes: Mapping[str, Node], edges: tuple[Edge, ...],

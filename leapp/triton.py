@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._dtypes import BY_NAME
+from ._modes import directory_mode
 from .pipeline import DTYPES, Node, Pipeline, Port, join_key
 
 logger = logging.getLogger("leapp")
@@ -51,17 +53,6 @@ MAX_FLEET_SIZE = 128
 DEFAULT_QUEUE_DELAY_US = 1000
 #: Accepted values of ``instances``.
 INSTANCE_KINDS = ("cpu", "gpu")
-
-# YAML dtype -> (Triton config data type, Triton wire datatype used by clients)
-_DTYPES = {
-    "float32": ("TYPE_FP32", "FP32"), "float64": ("TYPE_FP64", "FP64"),
-    "float16": ("TYPE_FP16", "FP16"), "bfloat16": ("TYPE_BF16", "BF16"),
-    "int8": ("TYPE_INT8", "INT8"), "int16": ("TYPE_INT16", "INT16"),
-    "int32": ("TYPE_INT32", "INT32"), "int64": ("TYPE_INT64", "INT64"),
-    "uint8": ("TYPE_UINT8", "UINT8"), "uint16": ("TYPE_UINT16", "UINT16"),
-    "uint32": ("TYPE_UINT32", "UINT32"), "uint64": ("TYPE_UINT64", "UINT64"),
-    "bool": ("TYPE_BOOL", "BOOL"),
-}
 
 
 class TritonRepositoryError(ValueError):
@@ -141,11 +132,11 @@ class _Port:
 def _types(dtype: Any, where: str) -> tuple[str, str]:
     name = DTYPES.get(dtype[len("torch."):] if str(dtype).startswith("torch.") else dtype) \
         if isinstance(dtype, str) else None
-    if name not in _DTYPES:
+    if name not in BY_NAME:
         raise TritonRepositoryError(
             f"{where}: dtype {dtype!r} has no Triton data type (supported: "
-            f"{', '.join(_DTYPES)}); cast the tensor to one of them in the node")
-    return _DTYPES[name]
+            f"{', '.join(BY_NAME)}); cast the tensor to one of them in the node")
+    return BY_NAME[name].triton
 
 
 def _checked(ports: Sequence[Port], node: str, side: str) -> Sequence[Port]:
@@ -298,15 +289,13 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serv
 
 def _recorded_fused(yaml_path: str, recorded: Any) -> str | None:
     """The fused ONNX the YAML records (``compile_graph(fuse=True)``), if its sha256 holds."""
-    from ._digest import file_digests
-    from ._safe_load import bundle_file
+    from ._safe_load import bundle_file_sha256
     entry = (recorded or {}).get("onnx") if isinstance(recorded, Mapping) else None
     if not isinstance(entry, Mapping) or entry.get("format_version") != 1:
         return None
     try:
-        path = bundle_file(os.path.dirname(os.path.abspath(yaml_path)), entry.get("model_path"),
-                           "recorded fused model")
-        sha256 = file_digests(path)[0]
+        path, sha256 = bundle_file_sha256(os.path.dirname(os.path.abspath(yaml_path)),
+                                          entry.get("model_path"), "recorded fused model")
     except (OSError, ValueError):
         return None
     if sha256 != entry.get("sha256sum"):
@@ -611,7 +600,7 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
         for leftover in os.listdir(staging):
             if leftover.startswith("."):
                 os.unlink(os.path.join(staging, leftover))
-        os.chmod(staging, 0o777 & ~_umask())
+        os.chmod(staging, directory_mode())
         if os.path.isdir(repo_dir):
             os.rmdir(repo_dir)
         os.rename(staging, repo_dir)
@@ -622,12 +611,6 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
                 repo_dir, "sequence" if result.sequence else "ensemble", result.entry,
                 len(result.models), serve_with)
     return result
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 __all__ = ["write_repository", "TritonRepository", "TritonRepositoryError", "read_config",

@@ -6,6 +6,12 @@ other are one concern split in two.  The graph is read from the sources
 with ast (nothing is imported); a package's own submodules importing the
 package they live in (``from . import _core``) is not an edge, since Python
 runs a package's ``__init__`` before any of its submodules anyway.
+
+Loads through ``importlib.import_module`` (or ``__import__``) count too: a
+module that calls it imports every package module its source names in a
+string (``"leapp.backends.jit"``, or ``".jit"`` relative to its package), and
+a load whose name is computed from ``__name__`` / ``__package__`` is refused,
+since no reader can tell where it goes.
 """
 from __future__ import annotations
 
@@ -53,6 +59,52 @@ def imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
     return {t for t in targets if t in modules}
 
 
+_DYNAMIC = ("import_module", "__import__")
+
+
+def _is_dynamic_load(node: ast.AST) -> bool:
+    """Whether node calls importlib.import_module / import_module / __import__."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in _DYNAMIC
+
+
+def _names_own_package(node: ast.AST) -> bool:
+    """Whether an expression is computed from __name__ / __package__."""
+    return any(isinstance(n, ast.Name) and n.id in ("__name__", "__package__")
+               for n in ast.walk(node))
+
+
+def dynamic_imports(module: str, is_package: bool, tree: ast.AST,
+                    modules: dict) -> set[str]:
+    """The package's modules that module's importlib loads may reach: every package
+    module its source names in a string, once it calls import_module at all."""
+    calls = [n for n in ast.walk(tree) if _is_dynamic_load(n)]
+    if not calls:
+        return set()
+    for call in calls:
+        if call.args and not isinstance(call.args[0], ast.Constant) \
+                and _names_own_package(call.args[0]):
+            raise AssertionError(f"{module}: importlib load of a computed name "
+                                 f"({ast.unparse(call.args[0])}); spell the module names out "
+                                 f"as strings so the import graph sees them")
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        text = node.value
+        if text.startswith(".") and text[1:].replace(".", "").isidentifier():
+            level = len(text) - len(text.lstrip("."))
+            base = package[:len(package) - (level - 1)]
+            text = ".".join(base + [text.lstrip(".")])
+        if text in modules:
+            found.add(text)
+    return found
+
+
 def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
     """module -> the package's modules it imports, anywhere in its source."""
     modules = module_names(root)
@@ -60,9 +112,11 @@ def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
     for name, path in modules.items():
         edges: set[str] = set()
         if path is not None:
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for node in ast.walk(tree):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     edges |= imported(name, path.name == "__init__.py", node, modules)
+            edges |= dynamic_imports(name, path.name == "__init__.py", tree, modules)
         # A package's __init__ runs before its submodules: importing it is no edge.
         graph[name] = {t for t in edges if t != name and not name.startswith(t + ".")}
     return graph
@@ -119,6 +173,7 @@ def test_leapp_has_no_import_cycle():
     graph = import_graph(PACKAGE)
     assert "leapp._core" in graph and "leapp.backends" in graph  # the walk saw the package
     assert "leapp._ops" in graph["leapp._alias"]                  # and its imports
+    assert "leapp.backends.byom" in graph["leapp.backends"]       # and its importlib loads
     found = cycles(graph)
     assert not found, "import cycles: " + " | ".join(describe(c, graph) for c in found)
 
@@ -137,3 +192,25 @@ def test_a_cycle_is_reported(tmp_path, lazy):
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
     (package / "sub" / "b.py").write_text("from . import __name__ as own\n")
     assert cycles(import_graph(package)) == []
+
+
+@pytest.mark.parametrize("spelling", ['"pkg.a"', '".a"'])
+def test_a_cycle_through_importlib_is_reported(tmp_path, spelling):
+    """A load through importlib.import_module is an edge like an import statement."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text(
+        f"import importlib\ndef f():\n    return importlib.import_module({spelling}, "
+        f"'pkg')\n")
+    assert cycles(import_graph(package)) == [["pkg.a", "pkg.b"]]
+
+
+def test_a_computed_importlib_load_is_refused(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import importlib\ndef f(x):\n    return importlib.import_module(f'{__name__}.{x}')\n")
+    with pytest.raises(AssertionError, match="computed name"):
+        import_graph(package)

@@ -199,19 +199,24 @@ def test_a_failed_compile_with_reused_files_leaves_the_old_bundle(copy, monkeypa
     assert not [n for n in os.listdir(root) if n.startswith(".leapp-")]
 
 
+def _cell(step: int) -> torch.Tensor:
+    """One pass of node "cell": a state h that ONNX renames h_in / h_out, an input
+    "folded" it optimises away; returns the output y."""
+    x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
+                                                "folded": torch.ones(1, 3)})
+    state = annotate.state_tensors("cell", {"h": torch.zeros(1, 3)})
+    new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
+    annotate.update_state("cell", {"h": new})
+    return annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
+
+
 def test_onnx_renames_dropped_inputs_and_warnings_survive_reuse(tmp_path):
     """ONNX renames the state port h to h_in / h_out and drops an input it folded
     away (with a warning): a reused node gets the same names, inputs and warning."""
     def run() -> dict:
         leapp.start("s", save_path=str(tmp_path))
-        h = torch.zeros(1, 3)
         for step in range(2):
-            x, unused = annotate.input_tensors("cell", {"x": torch.full((1, 3), 0.1 * step),
-                                                        "folded": torch.ones(1, 3)})
-            state = annotate.state_tensors("cell", {"h": h})
-            new = torch.tanh(x + 0.5 * state) + torch.zeros_like(unused)
-            annotate.update_state("cell", {"h": new})
-            annotate.output_tensors("cell", {"y": new * 2.0}, export_with="onnx-torchscript")
+            _cell(step)
         leapp.stop()
         return leapp.compile_graph(visualize=False)
 
@@ -247,3 +252,49 @@ def test_a_node_without_a_model_is_never_reused(tmp_path):
     assert set(json.load(open(os.path.join(bundle, MANIFEST)))["nodes"]) == {"a"}
     log = open(os.path.join(bundle, "log.txt")).read()
     assert "2/2 mine (no model): described without a model, nothing to validate" in log
+
+
+@pytest.mark.parametrize("incremental", ["1", "0"])
+def test_compile_reads_the_trace_and_never_writes_it(tmp_path, monkeypatch, incremental):
+    """ONNX renames the state port h (h_in / h_out) and drops a folded input: the
+    compiled documents carry the renames, the traced nodes keep their ports, and a
+    second compile from the same session writes the same bundle."""
+    monkeypatch.setenv("LEAPP_INCREMENTAL", incremental)
+    leapp.start("s", save_path=str(tmp_path))
+    for step in range(2):
+        y = annotate.input_tensors("tail", {"y": _cell(step)})
+        annotate.output_tensors("tail", {"z": y + 1.0}, export_with="jit")
+    leapp.stop()
+
+    def ports() -> dict:
+        return {name: ([p.name for p in n.inputs], [p.name for p in n.trimmed_inputs],
+                       [p.name for p in n.outputs], [(p.src_node and p.src_node.name, p.src_port)
+                                                     for p in n.inputs])
+                for name, n in leapp.ExportManager().get_nodes().items()}
+
+    traced = ports()
+    assert traced["cell"][0] == ["x", "folded", "h"] and traced["cell"][2] == ["y", "h"]
+    bundle = os.path.join(str(tmp_path), "s")
+    assert leapp.compile_graph(visualize=False) == {"cell": True, "tail": True}
+    assert ports() == traced
+    first = files(bundle)
+    spec = yaml.safe_load(first["s.yaml"])
+    assert [p["name"] for p in spec["models"]["cell"]["inputs"]] == ["x", "h_in"]
+    assert [p["name"] for p in spec["models"]["cell"]["outputs"]] == ["y", "h_out"]
+    assert spec["pipeline"]["feedback_flow"] == {"cell/h_out": ["cell/h_in"]}
+    assert spec["pipeline"]["data_flow"] == {"cell/y": ["tail/y"]}
+    assert spec["pipeline"]["inputs"] == {"cell": ["x"]}
+    assert leapp.compile_graph(visualize=False) == {"cell": True, "tail": True}
+    assert ports() == traced
+    again = files(bundle)
+    if incremental == "1":  # every node reused: the same files
+        assert again == first
+        return
+    # exported again: the same documents and ONNX file (TorchScript's archive names
+    # its classes per process, so only tail.pt's bytes and digests differ)
+    assert again["cell.onnx"] == first["cell.onnx"]
+    documents = [yaml.safe_load(text) for text in (first["s.yaml"], again["s.yaml"])]
+    for document in documents:
+        del document["models"]["tail"]["parameters"]["md5sum"]
+        del document["models"]["tail"]["parameters"]["sha256sum"]
+    assert documents[0] == documents[1]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import glob
 import os
@@ -128,11 +129,16 @@ def test_no_other_module_reads_the_flow_sections():
     assert found == []
 
 
-def test_a_compiled_pipeline_writes_its_documents_and_reads_them_typed_on_demand():
+def test_a_compiled_pipeline_copies_its_documents_and_is_typed_from_the_start():
     doc = document(pipeline={"data_flow": {"a/y": ["b/x"]}, "feedback_flow": {"b/y": ["a/x"]},
                              "inputs": {"c": ["x"]}, "outputs": {"b": ["y"], "c": ["y"]}})
     expected = Pipeline.from_document(doc).to_yaml()
+    given = copy.deepcopy(doc)
     compiled = Pipeline.from_compile(doc["models"], doc["pipeline"], {})
+    assert doc == given and type(doc["models"]["a"]["inputs"][0]["shape"]) is list
+    assert not hasattr(Pipeline, "__getattr__")  # no field is filled in later
+    doc["models"]["a"]["inputs"][0]["name"] = "renamed"  # the caller's copy, not the model's
+    doc["pipeline"]["data_flow"]["a/y"].append("c/x")
     assert compiled.to_yaml() == expected
     assert [e.kind for e in compiled.edges] == [FORWARD, FEEDBACK]
     assert compiled.run_order == ("a", "b", "c")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,6 +38,25 @@ BACKENDS = {
     "exported-program": ("pt2", frozenset({"strict"})),
     None: ("byom", frozenset({"model_path", "copy_original_model", "device"})),
 }
+
+
+# backend module -> its dotted name (spelled out so that the import graph sees it)
+MODULES = {
+    "jit": "leapp.backends.jit",
+    "onnx": "leapp.backends.onnx",
+    "pt2": "leapp.backends.pt2",
+    "byom": "leapp.backends.byom",
+}
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """What compile_graph tells every backend about the compile (the exporters read no
+    session state): the bundle directory being written and whether the session is
+    verbose."""
+
+    bundle_dir: str
+    verbose: bool = False
 
 
 @dataclass
@@ -107,12 +127,16 @@ def check_backend(node: str, export_with: str | None, backend_params: dict | Non
 
 def export_node(node: str, export_with: str | None, backend_params: dict | None,
                 module: torch.fx.GraphModule, example_inputs: list[torch.Tensor],
-                input_names: list[str], output_names: list[str], out_dir: str) -> Exported:
-    """Export one node into out_dir with the backend export_with names."""
+                input_names: list[str], output_names: list[str], out_dir: str,
+                context: ExportContext | None = None) -> Exported:
+    """Export one node into out_dir with the backend export_with names (context: the
+    bundle directory, default out_dir's parent, and the verbosity)."""
     name = check_backend(node, export_with, backend_params)
-    backend = importlib.import_module(f"{__name__}.{BACKENDS[name][0]}")
+    if context is None:
+        context = ExportContext(os.path.dirname(os.path.abspath(out_dir)))
+    backend = importlib.import_module(MODULES[BACKENDS[name][0]])
     return backend.export(node, name, dict(backend_params or {}), module, example_inputs,
-                          list(input_names), list(output_names), out_dir)
+                          list(input_names), list(output_names), out_dir, context)
 
 
 def save_via_memory(save: Callable[[Any], None], path: str) -> None:

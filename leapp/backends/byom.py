@@ -19,21 +19,15 @@ import shutil
 import torch
 
 from .._logging import logger
-from . import Exported
+from . import ExportContext, Exported
 from .load import load
 
 # file suffix -> YAML backend
 SUFFIX_BACKENDS = {".pt": "jit", ".onnx": "onnx", ".pt2": "pt2"}
 
 
-def _inside_bundle(path: str, out_dir: str) -> bool:
-    """Whether path lies (after symlinks) inside the bundle directory being written.
-
-    out_dir is compile_graph's work directory, created inside the bundle directory.
-    """
-    from .._session import config
-    cfg = config()
-    bundle = cfg.save_dir if cfg is not None else os.path.dirname(os.path.abspath(out_dir))
+def _inside_bundle(path: str, bundle: str) -> bool:
+    """Whether path lies (after symlinks) inside the bundle directory being written."""
     root = os.path.realpath(bundle)
     real = os.path.realpath(path)
     return real.startswith(root.rstrip(os.sep) + os.sep)
@@ -41,7 +35,7 @@ def _inside_bundle(path: str, out_dir: str) -> bool:
 
 def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModule,
            example_inputs: list[torch.Tensor], input_names: list[str],
-           output_names: list[str], out_dir: str) -> Exported:
+           output_names: list[str], out_dir: str, context: ExportContext) -> Exported:
     """Reference (or copy) the user's model file; nothing is exported."""
     model_path = params.get("model_path")
     if model_path is None:
@@ -66,7 +60,7 @@ def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModu
                                 f"{os.path.abspath(model_path)})")
     path = os.path.abspath(model_path)
     copy = params.get("copy_original_model")
-    inside = _inside_bundle(path, out_dir)
+    inside = _inside_bundle(path, context.bundle_dir)
     if copy or (copy is None and not inside):
         copied = os.path.join(out_dir, os.path.basename(path))
         if os.path.exists(copied):  # another node's file already has that name
@@ -87,4 +81,4 @@ def export(node: str, name: str | None, params: dict, module: torch.fx.GraphModu
                  device="cpu")[0]
     return Exported(model=model, path=path, yaml_backend=backend,
                     input_names=input_names, output_names=output_names,
-                    external=not _inside_bundle(path, out_dir))
+                    external=not _inside_bundle(path, context.bundle_dir))

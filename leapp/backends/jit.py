@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from .._logging import logger
-from . import Exported, prepare_inputs, save_via_memory
+from . import ExportContext, Exported, prepare_inputs, save_via_memory
 
 # Deepest inline chain accepted: well under the ~11,000 at which an 8 MiB stack
 # overflows, leaving room for smaller thread stacks and the caller's frames.
@@ -55,7 +55,7 @@ def torchscript_enabled() -> Iterator[None]:
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
            example_inputs: list[torch.Tensor], input_names: list[str],
-           output_names: list[str], out_dir: str) -> Exported:
+           output_names: list[str], out_dir: str, context: ExportContext) -> Exported:
     """Script or trace the node's GraphModule and save <node>.pt (frozen)."""
     inputs = prepare_inputs(example_inputs)
     module = module.eval()

@@ -20,10 +20,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
-from .._digest import file_digests
 from .._logging import fatal, reject
-from .._safe_load import (BundleError, bundle_file, check_onnx_external_data, clip,
-                          load_pt2, open_regular, quote)
+from .._safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
+                          load_pt2, quote)
 from ..pipeline import Node
 
 BACKENDS = ("jit", "onnx", "pt2")
@@ -114,9 +113,8 @@ def load_node(node: Node, bundle_dir: str, allow_external_paths: bool = False,
         reject(f"Unsupported backend: {clip(backend)}")
     if model_path in (None, ""):
         _no_model_path(name)
-    path = bundle_file(bundle_dir, model_path, f"model file for node {quote(name)}",
-                       allow_external_paths)
-    actual = file_digests(open_regular(path, f"Model file for node {quote(name)}"))[0]
+    path, actual = bundle_file_sha256(bundle_dir, model_path,
+                                      f"model file for node {quote(name)}", allow_external_paths)
     expected = params["sha256sum"]
     if expected != actual:
         reject(f"SHA256 checksum mismatch for {path}: expected {clip(expected)}, got {actual}")

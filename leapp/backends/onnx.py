@@ -18,7 +18,7 @@ import torch
 
 from .. import _export_caches
 from .._logging import logger
-from . import Exported, prepare_inputs
+from . import ExportContext, Exported, prepare_inputs
 
 # Initialisers above this many bytes go to <node>.onnx.data (protobuf caps a
 # single file at 2 GB).
@@ -52,7 +52,7 @@ def deduplicate_names(node: str, input_names: list[str],
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
            example_inputs: list[torch.Tensor], input_names: list[str],
-           output_names: list[str], out_dir: str) -> Exported:
+           output_names: list[str], out_dir: str, context: ExportContext) -> Exported:
     """Export the node's GraphModule to <out_dir>/<node>.onnx."""
     import onnx
 
@@ -64,14 +64,15 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
         if name == "onnx-dynamo":
             proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
-                                   params)
+                                   params, context.verbose)
         else:
             proto = _export_torchscript(module, inputs, input_names, output_names, opset,
-                                        params, os.path.join(tmp, "model.onnx"))
+                                        params, os.path.join(tmp, "model.onnx"),
+                                        context.verbose)
         dropped = _sync_inputs(node, proto, input_names)
         _sync_outputs(node, proto, output_names)
         path = os.path.join(out_dir, f"{node}.onnx")
-        _save(proto, path, f"{node}.onnx.data")
+        save_model(proto, path, f"{node}.onnx.data")
     del proto
     try:
         onnx.checker.check_model(path)
@@ -83,15 +84,9 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
                     parameters={"opset_version": opset}, dropped_inputs=dropped)
 
 
-def _verbose() -> bool:
-    from .._session import config
-    cfg = config()
-    return bool(cfg is not None and cfg.verbose)
-
-
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
                    input_names: list[str], output_names: list[str], opset: int,
-                   params: dict) -> Any:
+                   params: dict, verbose: bool) -> Any:
     """torch.onnx.export(dynamo=True) (its registry and tables built once per
     process: leapp._export_caches), then name the graph's inputs and outputs.
 
@@ -100,7 +95,7 @@ def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
     called 'add' or 'gt' next to the Add / Greater node's result).
     """
     program = _export_caches.export_dynamo(
-        module, inputs, opset=opset, verbose=_verbose(),
+        module, inputs, opset=opset, verbose=verbose,
         verify=bool(params.get("verify", False)), optimize=bool(params.get("optimize", True)),
         report=bool(params.get("report", False)))
     placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"]
@@ -164,7 +159,7 @@ def _renamed_error(node: str, missing: list[str], renamed: list[str]) -> None:
 
 def _export_torchscript(module: torch.nn.Module, inputs: tuple, input_names: list[str],
                         output_names: list[str], opset: int, params: dict,
-                        tmp_path: str) -> Any:
+                        tmp_path: str, verbose: bool) -> Any:
     import onnx
 
     model: Any = module
@@ -174,7 +169,7 @@ def _export_torchscript(module: torch.nn.Module, inputs: tuple, input_names: lis
             model = torch.jit.script(module)
     torch.onnx.export(model, inputs, tmp_path, dynamo=False, input_names=input_names,
                       output_names=output_names, opset_version=opset,
-                      verbose=_verbose() or bool(params.get("report", False)))
+                      verbose=verbose or bool(params.get("report", False)))
     return onnx.load(tmp_path)
 
 
@@ -232,7 +227,9 @@ def _initializer_bytes(proto: Any) -> int:
     return total
 
 
-def _save(proto: Any, path: str, data_name: str) -> None:
+def save_model(proto: Any, path: str, data_name: str) -> None:
+    """Save proto to path; initialisers over EXTERNAL_DATA_THRESHOLD bytes in all go to
+    data_name beside it (a node's model and the fused model alike)."""
     import onnx
 
     if _initializer_bytes(proto) > EXTERNAL_DATA_THRESHOLD:

@@ -13,16 +13,23 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .._dtypes import IO_BINDING
 from ..pipeline import torch_dtype
 
 logger = logging.getLogger("leapp")
 
 # torch dtypes I/O binding hands to onnxruntime, as numpy element types
-_NP_DTYPES: dict[torch.dtype, Any] = {
-    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
-    torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-    torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
-}
+_NP_DTYPES = IO_BINDING
+
+
+def default_providers() -> list[str]:
+    """The onnxruntime providers a model runs on when the caller names none: CUDA first
+    where onnxruntime has it, then the CPU."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
+            if p == "CPUExecutionProvider" or p in available]
 
 
 def _to_numpy(value: Any) -> Any:
@@ -84,11 +91,9 @@ class OnnxRunner:
         import onnxruntime as ort
 
         if providers is None:
-            if "CUDAExecutionProvider" in ort.get_available_providers():
-                providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-            else:
+            providers = default_providers()
+            if "CUDAExecutionProvider" not in providers:
                 _cpu_fallback()
-                providers = ["CPUExecutionProvider"]
         options = ort.SessionOptions()
         # BASIC on purpose: ENABLE_ALL has been seen to corrupt decomposed Gemm chains.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -5,12 +5,12 @@ import os
 
 import torch
 
-from . import Exported, prepare_inputs, save_via_memory
+from . import ExportContext, Exported, prepare_inputs, save_via_memory
 
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
            example_inputs: list[torch.Tensor], input_names: list[str],
-           output_names: list[str], out_dir: str) -> Exported:
+           output_names: list[str], out_dir: str, context: ExportContext) -> Exported:
     """torch.export the node's GraphModule (static shapes) and save <node>.pt2."""
     inputs = tuple(prepare_inputs(example_inputs))
     kwargs = {"strict": bool(params["strict"])} if params.get("strict") is not None else {}
