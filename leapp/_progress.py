@@ -244,9 +244,8 @@ class CompileProgress:
                    how, verdict)
         if node in self.one_pass and backend != NO_MODEL:
             logger.log(self.level, "    %s was traced on one pass only: validated on one "
-                       "sample, which proves nothing about branches taken on traced values or "
-                       "Python numbers read from them; run more than one pass before "
-                       "compile_graph() to check them (docs/tracing.md)", node)
+                       "sample, so branches and Python numbers read from traced values are "
+                       "unchecked (trace two passes; docs/tracing.md)", node)
 
     def close(self) -> None:
         """Take the bar down (it stays on screen, finished or where it stopped)."""
