@@ -28,6 +28,8 @@ The scenarios:
    exports.
 4. ``annotate.output_tensors`` gives back the payload's own values (nested
    dicts and lists, TensorSemantics references), as passed.
+5. ``environment_constants`` naming a ``torch.jit.trace``-d module: the node
+   exports, the traced module's ops inside it.
 
 A first call of an ``@annotate.method`` function that raises leaves no
 half-built node (upstream's next call fails with a duplicate-name error;
@@ -314,7 +316,32 @@ compile_and_replay("payloads", [(inputs, expected)])
 finish()
 '''
 
+TRACED_CONSTANT = '''
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh()).eval()
+traced = torch.jit.trace(net, torch.zeros(1, 3))
+
+
+@annotate.method(node_name="policy", export_with=BACKEND, environment_constants=["traced"])
+def policy(obs):
+    action = traced(obs) * 2.0
+    return action
+
+
+leapp.start("envconst", save_path=OUT)
+with torch.no_grad():
+    for i in range(2):
+        attempt("call/%d" % i, lambda: policy(torch.full((1, 3), 0.5 + i)))
+leapp.stop()
+new = torch.tensor([[0.1, -0.2, 0.3]])
+with torch.no_grad():
+    want = net(new) * 2.0
+compile_and_replay("envconst", [({"policy/obs": new}, {"policy/action": want})])
+finish()
+'''
+
 SCENARIOS = {"method_shapes": ("shapes", METHOD_SHAPES),
+             "traced_constant": ("envconst", TRACED_CONSTANT),
              "mirror_numpy": ("mirror", MIRROR_NUMPY),
              "unused_alias": ("unused", UNUSED_ALIAS),
              "output_payloads": ("payloads", OUTPUT_PAYLOADS)}
@@ -328,6 +355,7 @@ PORTS = {
         "viaclass": (["x"], ["y"]), "nograd": (["b", "a"], ["y"])},
     "mirror_numpy": {"A": (["x"], ["y"]), "B": (["z"], ["w"])},
     "unused_alias": {"n": (["x"], ["y"])},
+    "traced_constant": {"policy": (["obs"], ["action"])},
     "output_payloads": {
         "single": (["x"], ["a"]), "pair": (["x"], ["a", "b"]),
         "nested": (["x"], ["a_b", "a_c"]), "nested_pair": (["x"], ["a_b", "a_c", "d"]),
