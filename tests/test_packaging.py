@@ -27,7 +27,8 @@ def test_version_is_distinct_yet_satisfies_upstream_pins():
 
 
 def test_one_source_of_truth_for_the_version():
-    from leapp import _version, lifecycle
+    from leapp import _version
+    from leapp.compiling import lifecycle
 
     assert leapp.__version__ is _version.__version__ is lifecycle.__version__
     with open(os.path.join(ROOT, "pyproject.toml")) as handle:
