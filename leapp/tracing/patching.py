@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from .. import _core
-from . import numpy_array as _numpy, script as _script
+from . import numpy_array as _numpy, numpy_patches, script as _script
 from ..bundle.log import logger
 
 
@@ -124,7 +124,7 @@ class Patcher:
             return
         definitions = validate(self.patches)
         try:
-            for owner, name, wrapper in _numpy.patches():
+            for owner, name, wrapper in numpy_patches.patches():
                 self._set(owner, name, wrapper)
             for owner, name, wrapper in _script.patches():
                 self._set(owner, name, wrapper)

@@ -162,7 +162,7 @@ class SessionAPI:
                     value = self._shadow_input(node, leaf.name, value)
                     replaced[leaf.path] = _numpy.wrap(value) if array is not None else value
                     continue
-                replaced[leaf.path] = _numpy._plain_array(array) if array is not None else value
+                replaced[leaf.path] = _numpy.plain_array(array) if array is not None else value
         return rebuild(values, replaced)
 
     def _shadow_input(self, node: _core.Node, name: str, value: Any) -> Any:
@@ -391,7 +391,7 @@ class SessionAPI:
         _guards.end_pass(node)
         # The payload as passed; a leaf still traced (a value of another node
         # passed through) comes back plain, in a rebuilt container.
-        unwrapped = ((leaf, _numpy._plain_array(leaf.value)
+        unwrapped = ((leaf, _numpy.plain_array(leaf.value)
                       if isinstance(leaf.value, np.ndarray) else plain(leaf.value))
                      for leaf in leaves)
         return rebuild(values, {leaf.path: value for leaf, value in unwrapped

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from .. import _core
-from .numpy_array import tensor_ufunc, to_numpy
+from .numpy_array import to_numpy
+from .numpy_ufuncs import tensor_ufunc
 
 
 class TracedTensor(torch.Tensor):
