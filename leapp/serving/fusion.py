@@ -28,500 +28,23 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..bundle.digest import file_digests
-from ..bundle.dtypes import BY_TORCH, onnx_type
 from ..bundle.safe_load import quote
 from ..compiling.backends.load import load
 from ..bundle.pipeline import split_key
-
-logger = logging.getLogger("leapp")
-
-#: Version of the fused-model convention (metadata ``format_version``).
-FORMAT_VERSION = 1
-#: Metadata key (ONNX ``metadata_props``) holding the convention's JSON.
-METADATA_KEY = "leapp_fused"
-#: TorchScript ``_extra_files`` entry holding the same JSON.
-TORCHSCRIPT_EXTRA_FILE = "leapp_fused.json"
-#: Suffix of a state output's name.
-STATE_SUFFIX = "__next"
-#: Suffix of a data output named like an input ("reader/base" in and out).
-OUTPUT_SUFFIX = "__out"
-#: Top-level YAML key recording fused models (upstream's reader ignores it).
-YAML_KEY = "fused"
-#: Steps the fused model is run next to InferenceManager before it is accepted.
-VALIDATION_STEPS = 12
-#: Accepted ``format`` values and the file suffix of each.
-FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
-
-
-
-
-class FuseError(ValueError):
-    """The bundle cannot be fused (or the fused model does not match the bundle)."""
-
-
-@dataclass
-class Port:
-    """One input or output of the fused model."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    key: str | None = None  # the YAML's "node/port" where the name differs from it
-
-    def describe(self) -> dict[str, Any]:
-        entry = {"name": self.name, "dtype": BY_TORCH[self.dtype].name, "shape": list(self.shape)}
-        if self.key is not None and self.key != self.name:
-            entry["key"] = self.key
-        return entry
-
-
-@dataclass
-class State:
-    """One feedback pair: ``input`` is the target's value, ``output`` its next value."""
-
-    input: str
-    output: str
-    source: tuple[str, str]
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    initial: torch.Tensor
-
-    def describe(self) -> dict[str, Any]:
-        raw = self.initial.detach().cpu().contiguous()
-        data = raw.view(torch.uint8).numpy().tobytes() if raw.numel() else b""
-        return {"input": self.input, "output": self.output, "dtype": BY_TORCH[self.dtype].name,
-                "shape": list(self.shape),
-                "initial": {"encoding": "base64-le", "data": base64.b64encode(data).decode()}}
-
-
-@dataclass
-class Plan:
-    """What the fused model computes, read from the bundle.
-
-    ``feeds[node][port]`` says where each node input comes from: ``("input", name)``
-    a data input, ``("state", name)`` a state input, ``("node", (src, port))``
-    another node's output this step, ``("constant", tensor)`` a value no edge
-    feeds (the zeros or initial value ``InferenceManager`` leaves there).
-    """
-
-    pipeline: str
-    bundle_dir: str
-    order: list[str]
-    inputs: list[Port]
-    outputs: list[Port]
-    outputs_from: list[tuple[str, str]]
-    states: list[State]
-    feeds: dict[str, dict[str, tuple[str, Any]]]
-
-    def metadata(self) -> dict[str, Any]:
-        from .._version import __version__
-        return {"format_version": FORMAT_VERSION, "pipeline": self.pipeline,
-                "leapp_version": __version__,
-                "inputs": [p.describe() for p in self.inputs],
-                "outputs": [p.describe() for p in self.outputs],
-                "state": [s.describe() for s in self.states]}
-
-
-def _fail(message: str) -> None:
-    from ..bundle import log as _logging
-    _logging.fatal(message, FuseError)
-
-
-# ---- reading the bundle -----------------------------------------------------------
-
-
-def _fed_twice(edge: Any, first: str) -> str:
-    """Why a node input that ``edge`` feeds and that is already a ``first`` cannot be fused."""
-    if edge.feedback:
-        return (f"Feedback target {quote(edge.target)} is also fed as a {first} of the "
-                "pipeline: it cannot be both state and data in the fused model. Fix the "
-                "bundle's YAML.")
-    return (f"Node input {quote(edge.target)} is fed by {quote(edge.source)} and is also a "
-            f"{first} of the pipeline: one step of this bundle has no single meaning, so it "
-            "cannot be fused. Fix the bundle's YAML.")
-
-
-def plan(manager: Any) -> Plan:
-    """The fused model's interface and wiring, from a loaded ``InferenceManager``."""
-    nodes, graph = manager.nodes, manager.graph
-    pipeline = os.path.splitext(os.path.basename(manager.model_path))[0]
-
-    def port_of(node: str, port: str, side: str) -> tuple[torch.dtype, tuple[int, ...]]:
-        entry = nodes[node]
-        names = entry.input_names if side == "input" else entry.output_names
-        i = names.index(port)
-        if side == "input":
-            return entry.input_dtypes[i], entry.input_shapes[i]
-        return entry.output_dtypes[i], entry.output_shapes[i]
-
-    inputs = []
-    feeds: dict[str, dict[str, tuple[str, Any]]] = {name: {} for name in nodes}
-    for node, port in graph.inputs:
-        dtype, shape = port_of(node, port, "input")
-        inputs.append(Port(f"{node}/{port}", dtype, shape))
-        feeds[node][port] = ("input", f"{node}/{port}")
-    states = []
-    for edge in graph.edges:  # forward edges first, as the YAML lists them
-        node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
-        if port in feeds[node]:
-            _fail(_fed_twice(edge, feeds[node][port][0]))
-        if not edge.feedback:
-            feeds[node][port] = ("node", src)
-            continue
-        dtype, shape = port_of(node, port, "input")
-        initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
-        states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
-                            shape, initial))
-        feeds[node][port] = ("state", f"{node}/{port}")
-    for name, entry in nodes.items():
-        for port in entry.input_names:
-            if port not in feeds[name]:
-                value = manager._program.get(manager._slot_of[(name, port)])
-                feeds[name][port] = ("constant", value.detach().cpu().clone())
-    taken = {p.name for p in inputs} | {s.input for s in states} | {s.output for s in states}
-    outputs = []
-    outputs_from = []
-    for node, port in graph.outputs:
-        dtype, shape = port_of(node, port, "output")
-        key = f"{node}/{port}"
-        # a node's input and output may share a port name (a pass-through), and
-        # both be graph ports: one model cannot name two values alike
-        name = f"{key}{OUTPUT_SUFFIX}" if key in taken else key
-        if name in taken:
-            _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
-                  f"{quote(name)}. Rename the port {quote(key)}.")
-        outputs.append(Port(name, dtype, shape, key))
-        outputs_from.append((node, port))
-        taken.add(name)
-    names = [p.name for p in inputs] + [s.input for s in states] + [s.output for s in states]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        _fail(f"The fused model of {quote(pipeline)} would name two of its ports "
-              f"{quote(twice[0])} (a port named like another's state output). Rename the port.")
-    return Plan(pipeline, os.path.dirname(os.path.abspath(manager.model_path)),
-                list(manager.run_order), inputs, outputs, outputs_from, states, feeds)
-
-
-# ---- the ONNX fused model ---------------------------------------------------------
-
-
-def _ai_onnx_opset(model: Any) -> int:
-    for entry in model.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            return int(entry.version)
-    return 0
-
-
-def _example_inputs(entry: Any) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.zeros(shape, dtype=dtype)
-                 for shape, dtype in zip(entry.input_shapes, entry.input_dtypes))
-
-
-def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
-    """One node as an ONNX model: (model, graph input per YAML input, graph outputs)."""
-    import onnx
-
-    from ..compiling.backends.onnx import default_opset
-
-    backend = entry.backend
-    model: Any = None
-    if backend == "onnx":
-        model = onnx.load(entry.model_path)
-        graph_inputs = _graph_input_names(model)
-        if set(graph_inputs) <= set(entry.input_names):  # by name (the loader's rule)
-            mapping: list[str | None] = [n if n in graph_inputs else None
-                                         for n in entry.input_names]
-        else:  # positional
-            mapping = list(graph_inputs) + [None] * (len(entry.input_names) - len(graph_inputs))
-        return model, mapping, [o.name for o in model.graph.output]
-    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
-    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
-    args = _example_inputs(entry)
-    program: Any = None
-    if backend == "jit":
-        module = load("jit", entry.model_path, device="cpu")[0]
-    else:
-        from ..bundle.safe_load import load_pt2
-        program = load_pt2(entry.model_path)
-        module = _traced_pt2(program, args) if not _has_control_flow(program) else None
-    if module is not None:
-        try:
-            model = _torchscript_onnx(module, args, in_names, out_names,
-                                      min(opset, default_opset()))
-        except Exception as exc:
-            # an op the TorchScript exporter lacks (aten::gru_cell): through
-            # torch.export, whose decompositions the dynamo exporter covers
-            logger.debug("Node %s: TorchScript ONNX export failed (%s); using the dynamo "
-                         "exporter", name, exc)
-            if program is None:
-                from torch._export.converter import TS2EPConverter
-                program = TS2EPConverter(module, args).convert()
-    if model is None:
-        # torch.cond / while_loop, or a converted TorchScript graph: the dynamo exporter
-        exported: Any = torch.onnx.export(program, args, None, dynamo=True,
-                                          opset_version=opset, input_names=in_names,
-                                          output_names=out_names, optimize=True, verbose=False)
-        model = exported.model_proto
-    graph_inputs = _graph_input_names(model)
-    mapping = [n if n in graph_inputs else None for n in in_names]
-    outputs = [o.name for o in model.graph.output]
-    return model, mapping, outputs
-
-
-def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
-                      out_names: list[str], opset: int) -> Any:
-    """TorchScript's exporter: a straight-line graph exports in milliseconds."""
-    import onnx
-    with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, warnings.catch_warnings():
-        # the exporter warns that a ScriptModule's inputs are taken as given
-        warnings.simplefilter("ignore", UserWarning)
-        path = os.path.join(tmp, "node.onnx")
-        torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
-                          output_names=out_names, opset_version=opset)
-        return onnx.load(path)
-
-
-def _has_control_flow(program: Any) -> bool:
-    """Whether a torch.export program holds higher-order ops (cond, while_loop, ...).
-
-    Tracing runs one branch of those; a straight-line aten graph (what leapp's
-    pt2 backend writes) traces exactly.
-    """
-    return any(node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
-               for node in program.graph.nodes)
-
-
-def _traced_pt2(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
-    """A straight-line torch.export program as TorchScript (traced once)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.jit.trace(program.module(), args, check_trace=False, strict=False)
-
-
-def _graph_input_names(model: Any) -> list[str]:
-    initializers = {t.name for t in model.graph.initializer}
-    return [v.name for v in model.graph.input if v.name not in initializers]
-
-
-def _to_opset(name: str, model: Any, opset: int) -> Any:
-    current = _ai_onnx_opset(model)
-    if current == opset or current == 0:
-        return model
-    import onnx.version_converter
-    try:
-        return onnx.version_converter.convert_version(model, opset)
-    except Exception as exc:
-        _fail(f"Node {quote(name)}: its ONNX model uses opset {current} and the fused model "
-              f"needs opset {opset}; converting failed ({type(exc).__name__}: "
-              f"{quote(str(exc))}). Re-export the node with opset_version={opset}.")
-    raise AssertionError("unreachable")
-
-
-def _node_model(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
-    """_node_onnx, its failures refused with the node's name and the fix."""
-    try:
-        return _node_onnx(name, entry, opset)
-    except FuseError:
-        raise
-    except Exception as exc:
-        _fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
-              f"be converted to ONNX for the fused model: {type(exc).__name__}: "
-              f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
-              "export_with='onnx' and compile again"
-              + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
-
-
-def build_onnx(the_plan: Plan, manager: Any) -> Any:
-    """The fused ``onnx.ModelProto`` for ``the_plan``."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    from ..compiling.backends.onnx import default_opset
-
-    onnx_opsets = [0]
-    for name in the_plan.order:
-        entry = manager.nodes[name]
-        if entry.backend == "onnx":
-            onnx_opsets.append(_ai_onnx_opset(onnx.load(entry.model_path,
-                                                         load_external_data=False)))
-    opset = max(max(onnx_opsets), default_opset())
-
-    nodes: list[Any] = []
-    initializers: list[Any] = []
-    value_infos: list[Any] = []
-    functions: list[Any] = []
-    opsets: dict[str, int] = {"": opset}
-    ir_version = 0
-    produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
-    models = [_node_model(name, manager.nodes[name], opset) for name in the_plan.order]
-    # An exporter may write a newer opset than asked for (torch 2.7's dynamo
-    # exporter writes 18 at the least): the fused model takes the newest one,
-    # since converting up is what the ONNX version converter does reliably.
-    opset = opsets[""] = max([opset] + [_ai_onnx_opset(m[0]) for m in models])
-    for index, (name, (model, in_map, out_names)) in enumerate(zip(the_plan.order, models)):
-        entry = manager.nodes[name]
-        model = _to_opset(name, model, opset)
-        if len(out_names) != len(entry.output_names):
-            _fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
-                  f"declares {len(entry.output_names)} ({quote(entry.output_names)}).")
-        prefix = f"n{index}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}::"
-        model = onnx.compose.add_prefix(model, prefix)
-        graph = model.graph
-        ir_version = max(ir_version, model.ir_version)
-        for entry_opset in model.opset_import:
-            domain = "" if entry_opset.domain == "ai.onnx" else entry_opset.domain
-            if domain:
-                opsets[domain] = max(opsets.get(domain, 0), int(entry_opset.version))
-        for port, graph_input in zip(entry.input_names, in_map):
-            if graph_input is None:
-                continue  # the exporter dropped it: nothing reads it
-            kind, what = the_plan.feeds[name][port]
-            target = prefix + graph_input
-            if kind in ("input", "state"):
-                source = what
-            elif kind == "node":
-                source = produced[what]
-            else:
-                source = f"leapp::constant::{index}::{port}"  # outside every prefix
-                initializers.append(numpy_helper.from_array(what.numpy(), source))
-            nodes.append(helper.make_node("Identity", [source], [target],
-                                          name=f"{prefix}feed::{port}"))
-        nodes.extend(graph.node)
-        initializers.extend(graph.initializer)
-        value_infos.extend(graph.value_info)
-        functions.extend(model.functions)
-        for port, out in zip(entry.output_names, out_names):
-            produced[(name, port)] = prefix + out
-
-    outputs = []
-    for port, source in zip(the_plan.outputs, the_plan.outputs_from):
-        nodes.append(helper.make_node("Identity", [produced[source]], [port.name],
-                                      name=f"output::{port.name}"))
-        outputs.append(port)
-    for state in the_plan.states:
-        nodes.append(helper.make_node("Identity", [produced[state.source]], [state.output],
-                                      name=f"state::{state.output}"))
-
-    def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-        return helper.make_tensor_value_info(name, onnx_type(dtype), list(shape))
-
-    graph = helper.make_graph(
-        nodes, f"{the_plan.pipeline}_fused",
-        [info(p.name, p.dtype, p.shape) for p in the_plan.inputs]
-        + [info(s.input, s.dtype, s.shape) for s in the_plan.states],
-        [info(p.name, p.dtype, p.shape) for p in outputs]
-        + [info(s.output, s.dtype, s.shape) for s in the_plan.states],
-        initializer=initializers, value_info=value_infos)
-    fused = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-        functions=functions, producer_name="leapp.fuse")
-    fused.ir_version = max(ir_version, 8)
-    helper.set_model_props(fused, {METADATA_KEY: json.dumps(the_plan.metadata())})
-    return fused
-
-
-def _save_onnx(model: Any, path: str, final: str) -> None:
-    """Save to path; large weights go beside it as <final's name>.data."""
-    from ..compiling.backends.onnx import save_model
-    save_model(model, path, os.path.basename(final) + ".data")
-
-
-# ---- the TorchScript fused model --------------------------------------------------
-
-
-class _Pipeline(torch.nn.Module):
-    """Runs the nodes in order; traced once into the fused TorchScript module."""
-
-    def __init__(self, the_plan: Plan, modules: dict[str, torch.nn.Module],
-                 manager: Any) -> None:
-        super().__init__()
-        self.plan = the_plan
-        self.manager = manager
-        self.steps = torch.nn.ModuleDict()
-        self._keys = {}
-        for i, name in enumerate(the_plan.order):
-            key = f"n{i}"
-            self.steps[key] = modules[name]
-            self._keys[name] = key
-        self._constants: dict[tuple[str, str], str] = {}
-        for name, feeds in the_plan.feeds.items():
-            for port, (kind, what) in feeds.items():
-                if kind == "constant":
-                    buffer = f"c_{self._keys[name]}_{len(self._constants)}"
-                    self.register_buffer(buffer, what)
-                    self._constants[(name, port)] = buffer
-
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        the_plan = self.plan
-        values = {p.name: a for p, a in zip(the_plan.inputs, args)}
-        values.update({s.input: a for s, a in zip(the_plan.states,
-                                                  args[len(the_plan.inputs):])})
-        produced: dict[tuple[str, str], torch.Tensor] = {}
-        for name in the_plan.order:
-            entry = self.manager.nodes[name]
-            call_args = []
-            for port in entry.input_names:
-                kind, what = the_plan.feeds[name][port]
-                if kind in ("input", "state"):
-                    call_args.append(values[what])
-                elif kind == "node":
-                    call_args.append(produced[what])
-                else:
-                    call_args.append(getattr(self, self._constants[(name, port)]))
-            result = self.steps[self._keys[name]](*call_args)
-            if isinstance(result, torch.Tensor):
-                result = (result,)
-            for port, value in zip(entry.output_names, result):
-                produced[(name, port)] = value
-        # every output is a distinct tensor: TorchScript returns them as given
-        return tuple([produced[s] for s in the_plan.outputs_from]
-                     + [produced[s.source] for s in the_plan.states])
-
-
-def build_torchscript(the_plan: Plan, manager: Any) -> Any:
-    """The fused ``torch.jit.ScriptModule`` for ``the_plan``."""
-    from ..bundle.safe_load import load_pt2
-
-    modules: dict[str, torch.nn.Module] = {}
-    for name in the_plan.order:
-        entry = manager.nodes[name]
-        if entry.backend == "jit":
-            modules[name] = load("jit", entry.model_path, device="cpu")[0]
-        elif entry.backend == "pt2":
-            program = load_pt2(entry.model_path)
-            if _has_control_flow(program):
-                _fail(f"Node {quote(name)} (pt2) holds control flow (torch.cond or a loop), "
-                      "which tracing into TorchScript would cut to one branch. Fuse to "
-                      "format='onnx' instead.")
-            try:
-                modules[name] = _traced_pt2(program, _example_inputs(entry))
-            except Exception as exc:
-                _fail(f"Node {quote(name)} (pt2) could not be traced into TorchScript for the "
-                      f"fused model: {type(exc).__name__}: {quote(str(exc), 400)}. Fuse to "
-                      "format='onnx' instead.")
-        else:
-            _fail(f"Node {quote(name)} exists only as an ONNX model ({quote(entry.model_path)}), "
-                  "which cannot be turned into TorchScript. Fuse this bundle to format='onnx' "
-                  f"(leapp.fuse(..., format='onnx')), or export node {quote(name)} with "
-                  "export_with='jit' and compile again.")
-    wrapper = _Pipeline(the_plan, modules, manager).eval()
-    example = tuple(torch.zeros(p.shape, dtype=p.dtype) for p in the_plan.inputs) + tuple(
-        s.initial.clone() for s in the_plan.states)
-    with torch.no_grad():
-        traced = torch.jit.trace(wrapper, example, check_trace=False, strict=False)
-    return traced
+from .fused_onnx import build_onnx, save_onnx
+from .fused_plan import (FORMAT_VERSION, FORMATS, METADATA_KEY, STATE_SUFFIX,  # noqa: F401
+                         TORCHSCRIPT_EXTRA_FILE, VALIDATION_STEPS, YAML_KEY, FuseError, Plan,
+                         fail, logger, plan)
+from .fused_torchscript import build_torchscript
 
 
 # ---- running a fused model --------------------------------------------------------
@@ -666,13 +189,13 @@ def validate(path: str, yaml_path: str | Any, steps: int = VALIDATION_STEPS,
         for name, want, got in pairs:
             got = got.to(want.device)
             if want.shape != got.shape or want.dtype != got.dtype:
-                _fail(f"Fused model {quote(shown)}: step {step}, {quote(name)} is "
+                fail(f"Fused model {quote(shown)}: step {step}, {quote(name)} is "
                       f"{got.dtype} {tuple(got.shape)} but InferenceManager gives "
                       f"{want.dtype} {tuple(want.shape)}")
             if not _close(want, got, rtol, atol):
                 worst = (want.double() - got.double()).abs().max().item() \
                     if want.dtype != torch.bool else float("nan")
-                _fail(f"Fused model {quote(shown)} differs from InferenceManager at step "
+                fail(f"Fused model {quote(shown)} differs from InferenceManager at step "
                       f"{step} on {quote(name)} (largest difference {worst:.3g}, rtol={rtol}, "
                       f"atol={atol}). The bundle was not fused faithfully: please report it.")
     logger.info("Fused model %s matches InferenceManager over %d steps", shown, steps)
@@ -842,7 +365,7 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
         elif format == "onnx":
             fused = build_onnx(the_plan, manager)
             _contract.set_onnx(fused, contract)
-            _save_onnx(fused, tmp, out)
+            save_onnx(fused, tmp, out)
             del fused
         else:
             module = build_torchscript(the_plan, manager)
@@ -876,14 +399,14 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
     from ..running.inference_manager import InferenceManager
     single = build_onnx(the_plan, manager)
     _contract.set_onnx(single, contract)
-    _save_onnx(single, tmp, out)
+    save_onnx(single, tmp, out)
     validate(tmp, manager, steps, rtol, atol, shown=shown)
     try:
         batched = _batched.batch_model(single, steps=steps)
     except _batched.BatchError as exc:
-        _fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
+        fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
     _contract.set_onnx(batched, contract)
-    _save_onnx(batched, tmp, out)
+    save_onnx(batched, tmp, out)
     manager.reset()
     managers = [manager] + [InferenceManager(manager.model_path,
                                              allow_external_paths=allow_external_paths)
@@ -891,7 +414,7 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
     problem = _batched.check_per_robot(tmp, read_metadata(tmp), managers, steps,
                                        max(rtol, 1e-4), atol)
     if problem is not None:
-        _fail(f"Batched fused model {quote(shown)}: {problem}. The bundle was not batched "
+        fail(f"Batched fused model {quote(shown)}: {problem}. The bundle was not batched "
               "faithfully: please report it.")
 
 

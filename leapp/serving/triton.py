@@ -405,7 +405,8 @@ def _batched_model(staging: str, fused_model: str) -> tuple[str, dict[str, Any]]
     import onnx
 
     from .batched import BatchError, batch_model
-    from .fusion import _save_onnx, read_metadata
+    from .fused_onnx import save_onnx
+    from .fusion import read_metadata
     if not fused_model.endswith(".onnx"):
         logger.info("A TorchScript fused model is not batched: serving it one robot per "
                     "request (fuse to ONNX for a batched repository)")
@@ -417,7 +418,7 @@ def _batched_model(staging: str, fused_model: str) -> tuple[str, dict[str, Any]]
                        "repository serves one robot per request: %s", exc)
         return None
     path = os.path.join(staging, ".batched.onnx")
-    _save_onnx(batched, path, path)
+    save_onnx(batched, path, path)
     metadata = read_metadata(path)
     from .batched import robot_major_shape
     scalar = [p["name"] for p in metadata["inputs"] if not robot_major_shape(p)]
