@@ -167,7 +167,7 @@ def _legacy_pt2(path: str) -> None:
 
 
 def test_flat_torch27_pt2_archive_carries_the_contract(tmp_path):
-    from leapp.bundle.safe_load import load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
     path = str(tmp_path / "legacy.pt2")
     _legacy_pt2(path)
     contract = {"schema": _contract.SCHEMA, "schema_version": 1, "node": "n"}

@@ -54,7 +54,7 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     if backend == "jit":
         module = load("jit", entry.model_path, device="cpu")[0]
     else:
-        from ..bundle.safe_load import load_pt2
+        from ..bundle.pt2_reader import load_pt2
         program = load_pt2(entry.model_path)
         module = traced_pt2(program, args) if not has_control_flow(program) else None
     if module is not None:

@@ -64,7 +64,7 @@ class _Pipeline(torch.nn.Module):
 
 def build_torchscript(the_plan: Plan, manager: Any) -> Any:
     """The fused ``torch.jit.ScriptModule`` for ``the_plan``."""
-    from ..bundle.safe_load import load_pt2
+    from ..bundle.pt2_reader import load_pt2
 
     modules: dict[str, torch.nn.Module] = {}
     for name in the_plan.order:

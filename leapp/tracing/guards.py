@@ -97,7 +97,7 @@ def _site() -> tuple[str, int] | None:
                 or name.endswith("_tensor_str.py"):
             return None
         frame = frame.f_back
-    if frame is None or os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+    if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
         return None
     return (frame.f_code.co_filename, frame.f_lineno)
 

@@ -24,7 +24,7 @@ RERUN_HINT = (
 def call_site() -> tuple:
     """(file, line) of the nearest frame outside the leapp package."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)

@@ -9,7 +9,7 @@ nodes it fuses).
 
 Loading never unpickles: TorchScript archives go through ``torch.jit.load``'s
 restricted unpickler, torch.export archives through
-``leapp.bundle.safe_load.load_pt2`` (never ``torch.export.load``), and an ONNX
+``leapp.bundle.pt2_reader.load_pt2`` (never ``torch.export.load``), and an ONNX
 model's external-data files are checked before onnxruntime opens them.  See
 ``docs/safety.md``.
 """
@@ -21,7 +21,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 from ...bundle.log import fatal, reject
-from ...bundle.safe_load import BundleError, bundle_file_sha256, check_onnx_external_data, clip, load_pt2, quote
+from ...bundle.pt2_reader import load_pt2
+from ...bundle.safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
+                                  quote)
 from ...bundle.pipeline import Node
 
 BACKENDS = ("jit", "onnx", "pt2")
@@ -78,7 +80,7 @@ def load(backend: Any, path: str, *, input_names: Sequence[str] | None = None,
         return runner, runner, runner.device
     if backend == "pt2":
         device = device or default_device()
-        # never torch.export.load: it unpickles (see leapp.bundle.safe_load.load_pt2)
+        # never torch.export.load: it unpickles (see leapp.bundle.pt2_reader.load_pt2)
         model = load_pt2(path).module()
         if device != "cpu":
             model = model.to(device)
