@@ -264,10 +264,10 @@ class ExportManager:
         last = self._last_compile()
         if "models" in last:
             return {"models": _as_lists(last["models"])}
-        from .compiling.lifecycle import _model_entry
+        from .compiling.lifecycle import model_entry
         save = self.get_save_path() or "."
         nodes = sorted(_core.nodes().values(), key=lambda n: n.node_index)
-        return {"models": _as_lists({n.name: _model_entry(n, None, save, save) for n in nodes})}
+        return {"models": _as_lists({n.name: model_entry(n, None, save, save) for n in nodes})}
 
     def compile_models(self) -> None:
         """No-op: ``save_models()`` / ``leapp.compile_graph()`` export and save in one step."""

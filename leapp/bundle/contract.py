@@ -30,7 +30,6 @@ import os
 import zipfile
 from typing import Any, Mapping
 
-from .log import logger
 from .._version import __implementation__
 
 #: The ``schema`` value of every contract.
@@ -98,12 +97,12 @@ def _port(port: Any, index: int) -> dict[str, Any]:
 def _header(model: Any, graph: str, artifact: str) -> dict[str, Any]:
     system = model.system_information
     configs = model.sections.get("configs")
-    from .pipeline import _thawed
+    from .pipeline import thawed
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "artifact": artifact,
             "graph": graph, "leapp_version": system.get("leapp version"),
             "leapp_implementation": __implementation__,
             "config_version": system.get("leapp config version"),
-            "configs": None if configs is None else _thawed(configs)}
+            "configs": None if configs is None else thawed(configs)}
 
 
 def node_contract(model: Any, graph: str, name: str,
@@ -432,46 +431,3 @@ def _entry_name(names: list[str]) -> str:
 
 
 # ---- compile_graph --------------------------------------------------------------------------
-
-
-def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipeline: dict,
-                   staging: str, cache: Any, system_information: dict) -> None:
-    """Write each exported model's contract into the staged bundle (before its checksums).
-
-    The contract is built from the YAML's documents as a reader parses them
-    (emitted and read back here), so :func:`expected` on the committed bundle
-    gives the same.  Files an export reused keep their manifest entry's
-    checksum in step (``leapp.compiling.incremental``).
-    """
-    import yaml
-
-    from .. import _core
-    from ..compiling.incremental import file_sha256
-    from .pipeline import Pipeline
-    from ..tracing.session import info
-    stamped = [n for n in nodes if n.name in exported and exported[n.name].path
-               and not exported[n.name].external and info(n).export_with is not None
-               and exported[n.name].yaml_backend in ("onnx", "jit", "pt2")
-               and os.path.dirname(os.path.abspath(exported[n.name].path)) == staging]
-    if not stamped:
-        return
-    models = {}
-    for node in nodes:
-        result = exported.get(node.name)
-        models[node.name] = {
-            "inputs": [p.describe() for p in node.inputs],
-            "outputs": [p.describe() for p in node.outputs],
-            "parameters": {"model_path": None, "md5sum": None, "sha256sum": None,
-                           "backend": None if result is None else result.yaml_backend}}
-    text = _core.emit_yaml([{"models": models}, {"pipeline": pipeline},
-                            {"system information": system_information}])
-    loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    model = Pipeline.from_document(loaded, check_wiring=False)
-    initial = initial_values(model, staging)
-    for node in stamped:
-        result = exported[node.name]
-        if write(result.path, node_contract(model, graph, node.name, initial)):
-            entry = cache.entries.get(node.name)
-            if entry is not None and os.path.basename(result.path) in entry["files"]:
-                entry["files"][os.path.basename(result.path)] = file_sha256(result.path)
-    logger.debug("Contracts written into %d model files", len(stamped))

@@ -37,6 +37,9 @@ OUTPUT_KEY = "==out=="
 #: The three YAML documents of a bundle, in file order (defined by the safe reader).
 DOCUMENTS = BUNDLE_DOCUMENTS
 
+#: The formats a bundle's ``fused`` record may name (``leapp.fuse``), each with its file suffix.
+FUSED_FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
+
 _FLOWS = ("data_flow", "feedback_flow", "inputs", "outputs")
 
 #: dtype names a port may carry -> the torch dtype's attribute name (leapp.bundle.dtypes).
@@ -125,15 +128,15 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _thawed(value: Any) -> Any:
+def thawed(value: Any) -> Any:
     """The plain dicts, lists and tuples ``_frozen`` was given."""
     kind = type(value)
     if kind is MappingProxyType or kind is dict:
-        return {k: v if type(v) in _SCALARS else _thawed(v) for k, v in value.items()}
+        return {k: v if type(v) in _SCALARS else thawed(v) for k, v in value.items()}
     if kind is _List:
-        return [_thawed(v) for v in value]
+        return [thawed(v) for v in value]
     if kind is tuple:
-        return tuple([_thawed(v) for v in value])
+        return tuple([thawed(v) for v in value])
     return value
 
 
@@ -166,12 +169,12 @@ class Port:
 
     def description(self) -> dict[str, Any]:
         """A plain copy of the YAML entry, as read."""
-        return _thawed(self.entry)
+        return thawed(self.entry)
 
     def to_entry(self) -> dict[str, Any]:
         """The YAML entry to write (shape and per-axis element names as flow-style lists;
         element names of any other form are written as given, as upstream does)."""
-        out = _thawed(self.entry)
+        out = thawed(self.entry)
         out["shape"] = tuple(self.shape)
         names = out.get("element_names")
         if isinstance(names, (list, tuple)) and all(
@@ -234,7 +237,7 @@ class Node:
     def to_entry(self) -> dict[str, Any]:
         return {"inputs": [p.to_entry() for p in self.inputs],
                 "outputs": [p.to_entry() for p in self.outputs],
-                "parameters": _thawed(self.parameters)}
+                "parameters": thawed(self.parameters)}
 
 
 def _ports(value: Any, node: str, side: str) -> tuple[Port, ...]:
@@ -442,18 +445,18 @@ class Pipeline:
         """The YAML's documents, as ``_core.emit_yaml`` writes them."""
         documents = [{"models": {name: node.to_entry() for name, node in self.nodes.items()}},
                      {"pipeline": self.pipeline_section()},
-                     {"system information": _thawed(self.system_information)}]
-        documents += [{key: _thawed(value)} for key, value in self.extra.items()]
+                     {"system information": thawed(self.system_information)}]
+        documents += [{key: thawed(value)} for key, value in self.extra.items()]
         return documents
 
     def pipeline_section(self) -> dict[str, Any]:
         """The ``pipeline`` document (flows and graph ports as flow-style lists)."""
         if self._documents is not None:  # flows hold tuples: a shallow copy is the caller's own
-            return {k: dict(v) if k in _FLOWS else _thawed(_frozen(v))
+            return {k: dict(v) if k in _FLOWS else thawed(_frozen(v))
                     for k, v in self._documents[1]["pipeline"].items()}
         section: dict[str, Any] = {}
         if "configs" in self.sections:
-            section["configs"] = _thawed(self.sections["configs"])
+            section["configs"] = thawed(self.sections["configs"])
         for key, feedback in (("data_flow", False), ("feedback_flow", True)):
             flow: dict[str, list[str]] = {}
             for edge in self.edges:
@@ -467,7 +470,7 @@ class Pipeline:
             for node, port in terminals:
                 grouped.setdefault(node, []).append(port)
             section[key] = {k: tuple(v) for k, v in grouped.items()}
-        section.update({k: _thawed(v) for k, v in self.sections.items() if k != "configs"})
+        section.update({k: thawed(v) for k, v in self.sections.items() if k != "configs"})
         return section
 
     def to_yaml(self) -> str:

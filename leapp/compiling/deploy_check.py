@@ -334,7 +334,7 @@ def check_models(model: Any, yaml_path: str, initial: dict) -> list[Finding]:
 def check_fused(model: Any, yaml_path: str, initial: dict) -> list[Finding]:
     from ..bundle.contract import fused_contract
     from ..bundle.safe_load import bundle_file
-    from ..serving.fusion import FORMATS
+    from ..bundle.pipeline import FUSED_FORMATS as FORMATS
     recorded = model.extra.get("fused")
     if not hasattr(recorded, "items") or not recorded:
         return [Finding("fused", WARN, "no fused model: the robot needs the YAML and every "

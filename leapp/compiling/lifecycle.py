@@ -241,7 +241,7 @@ def _described(port: Any, name: str) -> dict:
     return entry
 
 
-def _model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str,
+def model_entry(node: Any, result: Any, bundle_dir: str, work_dir: str,
                  renames: Renames | None = None) -> dict:
     """The YAML entry of one node (inputs, outputs, parameters), with the exporter's
     port names."""
@@ -322,12 +322,12 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     pipeline["inputs"] = built["inputs"]
     pipeline["outputs"] = built["outputs"]
     if not skip_export:  # each model carries its contract, written before its checksums
-        from ..bundle.contract import stamp_compiled
+        from .contract_stamp import stamp_compiled
         stamp_compiled(cfg.graph_name, nodes, exported, pipeline, staging, cache,
                        {"leapp config version": __config_version__, "leapp version": __version__})
         cache.write()
     section(f"Compiling graph parameters for {len(nodes)} nodes")
-    models = {n.name: _model_entry(n, exported.get(n.name), bundle, staging, renames)
+    models = {n.name: model_entry(n, exported.get(n.name), bundle, staging, renames)
               for n in nodes}
     stats = built["statistics"]
     section("Graph Statistics")
@@ -434,8 +434,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
             if fuse and not skip_export:
-                from ..serving.fusion import fuse_staged
-                fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
+                _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
             _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
             if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
@@ -508,3 +507,12 @@ def _log_artifacts(cfg: SessionConfig, bundle: str, nodes: list, exported: dict,
     if missing:
         lines.append(f"Nodes without saved model artifacts: {', '.join(missing)}")
     _logging.system("\n".join(lines))
+
+
+def _fuse_staged(staging: str, bundle: str, graph: str, allow_external_paths: bool) -> None:
+    """compile_graph(fuse=True): fuse the bundle being staged, before its commit.  Serving
+    is a later stage: it is reached through its public path, leapp.fusion."""
+    from ..fusion import fuse
+    _logging.section("Fusing the pipeline into one ONNX model")
+    fuse(os.path.join(staging, f"{graph}.yaml"), format="onnx",
+         allow_external_paths=allow_external_paths, _shown_dir=bundle)

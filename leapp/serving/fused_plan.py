@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..bundle.dtypes import BY_TORCH
+from ..bundle.pipeline import FUSED_FORMATS
 from ..bundle.safe_load import quote
 
 
@@ -33,7 +34,7 @@ YAML_KEY = "fused"
 #: Steps the fused model is run next to InferenceManager before it is accepted.
 VALIDATION_STEPS = 12
 #: Accepted ``format`` values and the file suffix of each.
-FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
+FORMATS = FUSED_FORMATS
 
 
 class FuseError(ValueError):
@@ -150,14 +151,14 @@ def plan(manager: Any) -> Plan:
             feeds[node][port] = ("node", src)
             continue
         dtype, shape = port_of(node, port, "input")
-        initial = manager._program.get(manager._slot_of[(node, port)]).detach().cpu().clone()
+        initial = manager.value_dict[node][port].detach().cpu().clone()
         states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
                             shape, initial))
         feeds[node][port] = ("state", f"{node}/{port}")
     for name, entry in nodes.items():
         for port in entry.input_names:
             if port not in feeds[name]:
-                value = manager._program.get(manager._slot_of[(name, port)])
+                value = manager.value_dict[name][port]
                 feeds[name][port] = ("constant", value.detach().cpu().clone())
     taken = {p.name for p in inputs} | {s.input for s in states} | {s.output for s in states}
     outputs = []

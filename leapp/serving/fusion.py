@@ -217,7 +217,7 @@ def _random(shape: tuple[int, ...], manager: Any, name: str,
 def _next_state(manager: Any, node: str, port: str) -> torch.Tensor:
     # staged feedback is committed after the last node: the target's buffer
     # holds the value the next step will read
-    return manager._program.get(manager._slot_of[(node, port)])
+    return manager.value_dict[node][port]
 
 
 def _close(want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> bool:
@@ -416,15 +416,6 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
     if problem is not None:
         fail(f"Batched fused model {quote(shown)}: {problem}. The bundle was not batched "
               "faithfully: please report it.")
-
-
-def fuse_staged(staging: str, bundle: str, graph: str,
-                allow_external_paths: bool = False) -> str:
-    """compile_graph(fuse=True): fuse the bundle being staged, before its commit."""
-    from ..bundle.log import section
-    section("Fusing the pipeline into one ONNX model")
-    return fuse(os.path.join(staging, f"{graph}.yaml"), format="onnx",
-                allow_external_paths=allow_external_paths, _shown_dir=bundle)
 
 
 __all__ = ["fuse", "FusedModel", "FuseError", "read_metadata", "initial_state", "validate"]

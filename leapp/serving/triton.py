@@ -23,19 +23,19 @@ the names and the environment the python backend needs.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bundle.dtypes import BY_NAME
 from ..bundle.modes import directory_mode
-from ..bundle.pipeline import DTYPES, Node, Pipeline, Port, join_key
+from ..bundle.pipeline import Node, Pipeline, join_key
+from .triton_config import (SPEC_FILE, TensorSpec, TritonRepositoryError,  # noqa: F401
+                            add_tensor, checked_ports, config_module, config_text, dims,
+                            model_config, model_name, read_config, triton_types, write_model)
 
 logger = logging.getLogger("leapp")
 
@@ -43,8 +43,6 @@ logger = logging.getLogger("leapp")
 SERVE_WITH = ("native", "python")
 #: Control inputs of a python-backend sequence model (sequence start, end, correlation ID).
 CONTROL_INPUTS = ("START", "END", "CORRID")
-#: What the python backend runs, written next to its model.py.
-SPEC_FILE = "leapp_model.json"
 #: Robots served at once when no fleet size is given.
 DEFAULT_FLEET_SIZE = 128
 #: Largest fleet size a repository is written for (see docs/triton.md, "Fleet size").
@@ -53,10 +51,6 @@ MAX_FLEET_SIZE = 128
 DEFAULT_QUEUE_DELAY_US = 1000
 #: Accepted values of ``instances``.
 INSTANCE_KINDS = ("cpu", "gpu")
-
-
-class TritonRepositoryError(ValueError):
-    """The bundle cannot be written as a Triton model repository (the message says why)."""
 
 
 @dataclass
@@ -84,116 +78,6 @@ class TritonRepository:
     fleet_size: int = 0
 
 
-def _config_module() -> Any:
-    try:
-        from tritonclient.grpc import model_config_pb2
-    except ImportError as exc:
-        raise ImportError("leapp triton builds the configs with tritonclient's ModelConfig "
-                          "protobuf definitions: pip install 'tritonclient[grpc]' "
-                          f"(or leapp[triton]); {exc}") from exc
-    return model_config_pb2
-
-
-def config_text(config: Any) -> str:
-    """A ``ModelConfig`` message in protobuf text format (the ``config.pbtxt`` syntax)."""
-    from google.protobuf import text_format
-    return text_format.MessageToString(config)
-
-
-def read_config(path: str) -> Any:
-    """Parse a ``config.pbtxt`` into tritonclient's ``ModelConfig`` (raises on bad syntax)."""
-    from google.protobuf import text_format
-    with open(path) as handle:
-        return text_format.Parse(handle.read(), _config_module().ModelConfig())
-
-
-def model_name(text: str, taken: set[str]) -> str:
-    """A Triton model (directory) name for ``text``: ``[A-Za-z0-9_.-]``, unique in ``taken``."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).lstrip(".") or "model"
-    candidate, n = name, 1
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    taken.add(candidate)
-    return candidate
-
-
-# ---- reading the bundle --------------------------------------------------------------------
-
-@dataclass
-class _Port:
-    """A tensor of a fused model's interface (its metadata's name, dtype and shape)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-
-def _types(dtype: Any, where: str) -> tuple[str, str]:
-    name = DTYPES.get(dtype[len("torch."):] if str(dtype).startswith("torch.") else dtype) \
-        if isinstance(dtype, str) else None
-    if name not in BY_NAME:
-        raise TritonRepositoryError(
-            f"{where}: dtype {dtype!r} has no Triton data type (supported: "
-            f"{', '.join(BY_NAME)}); cast the tensor to one of them in the node")
-    return BY_NAME[name].triton
-
-
-def _checked(ports: Sequence[Port], node: str, side: str) -> Sequence[Port]:
-    """The node's ports, each with a dtype Triton has."""
-    for port in ports:
-        _types(port.dtype, f"node {node!r}, {side[:-1]} {port.name!r}")
-    return ports
-
-
-# ---- config pieces -------------------------------------------------------------------------
-
-def _dims(port: Port | _Port) -> list[int]:
-    # Triton needs at least one dimension: a 0-d tensor travels as [1], reshaped to []
-    return list(port.shape) or [1]
-
-
-def _tensor(entry: Any, name: str, port: Port | _Port) -> None:
-    entry.name = name
-    entry.data_type = getattr(_config_module(), _types(port.dtype, name)[0])
-    entry.dims.extend(_dims(port))
-    if not port.shape:
-        entry.reshape.SetInParent()
-
-
-def _model_config(name: str, backend: str, inputs: Sequence[tuple[str, Port | _Port]],
-                  outputs: Sequence[tuple[str, Port | _Port]], max_batch_size: int = 0,
-                  instances: str = "cpu") -> Any:
-    mc = _config_module()
-    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=max_batch_size)
-    for tensor_name, port in inputs:
-        _tensor(config.input.add(), tensor_name, port)
-    for tensor_name, port in outputs:
-        _tensor(config.output.add(), tensor_name, port)
-    group = config.instance_group.add()
-    group.kind = mc.ModelInstanceGroup.KIND_GPU if instances == "gpu" \
-        else mc.ModelInstanceGroup.KIND_CPU
-    group.count = 1
-    return config
-
-
-def _write_model(staging: str, name: str, config: Any, files: Mapping[str, str] = {},
-                 spec: Mapping[str, Any] | None = None) -> str:
-    """Write ``<name>/config.pbtxt`` and ``<name>/1/`` (files copied, python model + spec)."""
-    version = os.path.join(staging, name, "1")
-    os.makedirs(version)
-    with open(os.path.join(staging, name, "config.pbtxt"), "w") as handle:
-        handle.write(config_text(config))
-    for target, source in files.items():
-        shutil.copyfile(source, os.path.join(version, target))
-    if spec is not None:
-        shutil.copyfile(os.path.join(os.path.dirname(__file__), "triton_model.py"),
-                        os.path.join(version, "model.py"))
-        with open(os.path.join(version, SPEC_FILE), "w") as handle:
-            json.dump(spec, handle, indent=1)
-    return name
-
-
 # ---- feed-forward: one model per node + an ensemble ----------------------------------------
 
 def _node_model(staging: str, yaml_dir: str, spec: Node, name: str,
@@ -205,35 +89,35 @@ def _node_model(staging: str, yaml_dir: str, spec: Node, name: str,
         raise TritonRepositoryError(
             f"node {node!r} has backend {backend!r}: Triton can serve nodes exported with "
             "onnx, jit or pt2; export it with one of them")
-    inputs = _checked(spec.inputs, node, "inputs")
-    outputs = _checked(spec.outputs, node, "outputs")
+    inputs = checked_ports(spec.inputs, node, "inputs")
+    outputs = checked_ports(spec.outputs, node, "outputs")
     model_file = bundle_file(yaml_dir, spec.model_path, f"model file of node {node!r}")
     if serve_with == "native" and backend in ("onnx", "jit"):
         if backend == "onnx":
             # onnxruntime matches the config's tensors to the model's by name (the port names)
             in_names = {p.name: p.name for p in inputs}
             out_names = {p.name: p.name for p in outputs}
-            config = _model_config(name, "onnxruntime", [(p.name, p) for p in inputs],
+            config = model_config(name, "onnxruntime", [(p.name, p) for p in inputs],
                                    [(p.name, p) for p in outputs])
             config.default_model_filename = "model.onnx"
-            _write_model(staging, name, config, {"model.onnx": model_file})
+            write_model(staging, name, config, {"model.onnx": model_file})
         else:
             # the pytorch backend binds tensors by position: INPUT__i / OUTPUT__i
             in_names = {p.name: f"INPUT__{i}" for i, p in enumerate(inputs)}
             out_names = {p.name: f"OUTPUT__{i}" for i, p in enumerate(outputs)}
-            config = _model_config(name, "pytorch", [(in_names[p.name], p) for p in inputs],
+            config = model_config(name, "pytorch", [(in_names[p.name], p) for p in inputs],
                                    [(out_names[p.name], p) for p in outputs])
             config.default_model_filename = "model.pt"
-            _write_model(staging, name, config, {"model.pt": model_file})
+            write_model(staging, name, config, {"model.pt": model_file})
         return in_names, out_names
     in_names = {p.name: p.name for p in inputs}
     out_names = {p.name: p.name for p in outputs}
-    config = _model_config(name, "python", [(p.name, p) for p in inputs],
+    config = model_config(name, "python", [(p.name, p) for p in inputs],
                            [(p.name, p) for p in outputs])
     local = os.path.basename(model_file)
     entry = spec.to_entry()
     entry["parameters"]["model_path"] = local
-    _write_model(staging, name, config, {local: model_file},
+    write_model(staging, name, config, {local: model_file},
                  {"kind": "node", "name": name, "node": node, "description": entry})
     return in_names, out_names
 
@@ -252,7 +136,7 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serv
     taken: set[str] = set()
     entry = model_name(graph, taken)
     consumed = {source for source, _ in edges} | {f"{n}/{p}" for n, p in graph_outputs}
-    mc = _config_module()
+    mc = config_module()
     ensemble = mc.ModelConfig(name=entry, platform="ensemble", max_batch_size=0)
     for node in model.run_order:
         name = model_name(f"{graph}.{node}", taken)
@@ -274,13 +158,13 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serv
                 step.output_map[tensor] = tensor_of(f"{node}/{port}")
     for node, name in graph_inputs:
         key, port = join_key(node, name), model.nodes[node].input(name)
-        _tensor(ensemble.input.add(), key, port)
-        result.inputs[key] = (_types(port.dtype, key)[1], _dims(port))
+        add_tensor(ensemble.input.add(), key, port)
+        result.inputs[key] = (triton_types(port.dtype, key)[1], dims(port))
     for node, name in graph_outputs:
         key, port = join_key(node, name), model.nodes[node].output(name)
-        _tensor(ensemble.output.add(), tensor_of(key), port)
-        result.outputs[tensor_of(key)] = (_types(port.dtype, key)[1], _dims(port))
-    _write_model(staging, entry, ensemble)
+        add_tensor(ensemble.output.add(), tensor_of(key), port)
+        result.outputs[tensor_of(key)] = (triton_types(port.dtype, key)[1], dims(port))
+    write_model(staging, entry, ensemble)
     result.models.append(entry)
     result.entry = entry
 
@@ -309,9 +193,9 @@ def _implicit_state(staging: str, name: str, batching: Any,
                     states: list[dict[str, Any]]) -> None:
     """Triton's implicit state, one entry per feedback pair, initial values from files."""
     import base64
-    mc = _config_module()
+    mc = config_module()
     for i, entry in enumerate(states):
-        port = _Port(entry["input"], entry["dtype"], tuple(entry["shape"]))
+        port = TensorSpec(entry["input"], entry["dtype"], tuple(entry["shape"]))
         # the bundle's initial value, raw little-endian bytes, for Triton's implicit state
         file_name = f"state_{i}.bin"
         os.makedirs(os.path.join(staging, name, "initial_state"), exist_ok=True)
@@ -319,18 +203,18 @@ def _implicit_state(staging: str, name: str, batching: Any,
             handle.write(base64.b64decode(entry["initial"]["data"]))
         state = batching.state.add()
         state.input_name, state.output_name = entry["input"], entry["output"]
-        state.data_type = getattr(mc, _types(port.dtype, port.name)[0])
-        state.dims.extend(_dims(port))
+        state.data_type = getattr(mc, triton_types(port.dtype, port.name)[0])
+        state.dims.extend(dims(port))
         initial = state.initial_state.add()
         initial.data_type = state.data_type
-        initial.dims.extend(_dims(port))
+        initial.dims.extend(dims(port))
         initial.name = f"initial_{i}"
         initial.data_file = file_name
 
 
 def _control_inputs(batching: Any) -> None:
     """START / END / CORRID: what a python model needs to keep each robot's state."""
-    mc = _config_module()
+    mc = config_module()
     kinds = {"START": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
              "END": mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END}
     for control_name, kind in kinds.items():
@@ -367,35 +251,35 @@ def _sequence(staging: str, yaml_path: str, graph: str, fused_model: str | None,
                **fleet)
         return
     suffix = ".onnx" if fused_model.endswith(".onnx") else ".pt"
-    data_in = [(p["name"], _Port(p["name"], p["dtype"], tuple(p["shape"])))
+    data_in = [(p["name"], TensorSpec(p["name"], p["dtype"], tuple(p["shape"])))
                for p in metadata["inputs"]]
-    data_out = [(p["name"], _Port(p["name"], p["dtype"], tuple(p["shape"])))
+    data_out = [(p["name"], TensorSpec(p["name"], p["dtype"], tuple(p["shape"])))
                 for p in metadata["outputs"]]
     for tensor, port in data_in + data_out:
-        _types(port.dtype, f"fused model {tensor!r}")
+        triton_types(port.dtype, f"fused model {tensor!r}")
     native = serve_with == "native" and suffix == ".onnx"
-    config = _model_config(name, "onnxruntime" if native else "python", data_in, data_out)
+    config = model_config(name, "onnxruntime" if native else "python", data_in, data_out)
     batching = config.sequence_batching
     batching.max_sequence_idle_microseconds = int(idle_seconds * 1e6)
     # oldest: one instance interleaves up to max_sequences robots without a batch dimension
     batching.oldest.max_candidate_sequences = max_sequences
     for entry in metadata["state"]:
-        _types(entry["dtype"], f"fused model state {entry['input']!r}")
+        triton_types(entry["dtype"], f"fused model state {entry['input']!r}")
     if native:
         _implicit_state(staging, name, batching, metadata["state"])
         config.default_model_filename = "model.onnx"
-        _write_model(staging, name, config, {"model.onnx": fused_model})
+        write_model(staging, name, config, {"model.onnx": fused_model})
     else:
         _control_inputs(batching)
         model_file = "fused" + suffix
-        _write_model(staging, name, config, {model_file: fused_model},
+        write_model(staging, name, config, {model_file: fused_model},
                      {"kind": "sequence", "name": name, "model_file": model_file})
     result.models.append(name)
     result.entry = name
     result.sequence = True
     result.fleet_size = max_sequences
-    result.inputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_in})
-    result.outputs.update({t: (_types(p.dtype, t)[1], _dims(p)) for t, p in data_out})
+    result.inputs.update({t: (triton_types(p.dtype, t)[1], dims(p)) for t, p in data_in})
+    result.outputs.update({t: (triton_types(p.dtype, t)[1], dims(p)) for t, p in data_out})
 
 
 # ---- batched: the batched fused model, one onnxruntime run for many robots -----------------
@@ -443,17 +327,17 @@ def _fleet(staging: str, name: str, batched: tuple[str, dict[str, Any]], serve_w
     """One model running the batched fused model under Triton's batching."""
     from .batched import robot_major_shape
     path, metadata = batched
-    mc = _config_module()
+    mc = config_module()
     native = serve_with == "native"
 
-    def ports(entries: list[dict[str, Any]]) -> list[tuple[str, _Port]]:
-        return [(p["name"], _Port(p["name"], p["dtype"], tuple(robot_major_shape(p))))
+    def ports(entries: list[dict[str, Any]]) -> list[tuple[str, TensorSpec]]:
+        return [(p["name"], TensorSpec(p["name"], p["dtype"], tuple(robot_major_shape(p))))
                 for p in entries]
 
     data_in, data_out = ports(metadata["inputs"]), ports(metadata["outputs"])
     for tensor, port in data_in + data_out:
-        _types(port.dtype, f"fused model {tensor!r}")
-    config = _model_config(name, "onnxruntime" if native else "python", data_in, data_out,
+        triton_types(port.dtype, f"fused model {tensor!r}")
+    config = model_config(name, "onnxruntime" if native else "python", data_in, data_out,
                            max_batch_size=fleet_size, instances=instances)
     sequence = bool(metadata["state"])
     if sequence:
@@ -470,10 +354,10 @@ def _fleet(staging: str, name: str, batched: tuple[str, dict[str, Any]], serve_w
         config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
     if native:
         config.default_model_filename = "model.onnx"
-        _write_model(staging, name, config, {"model.onnx": path})
+        write_model(staging, name, config, {"model.onnx": path})
     else:
         model_file = "fused_batched.onnx"
-        _write_model(staging, name, config, {model_file: path},
+        write_model(staging, name, config, {model_file: path},
                      {"kind": "fleet", "name": name, "model_file": model_file,
                       "fleet_size": fleet_size})
     result.models.append(name)
@@ -483,8 +367,8 @@ def _fleet(staging: str, name: str, batched: tuple[str, dict[str, Any]], serve_w
     result.fleet_size = fleet_size if sequence else 0
     # what one robot sends and gets: its row, with a leading dimension of 1 (an output
     # whose bundle shape has none, a static one say, gets one: see docs/triton.md)
-    result.inputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_in})
-    result.outputs.update({t: (_types(p.dtype, t)[1], [1] + _dims(p)) for t, p in data_out})
+    result.inputs.update({t: (triton_types(p.dtype, t)[1], [1] + dims(p)) for t, p in data_in})
+    result.outputs.update({t: (triton_types(p.dtype, t)[1], [1] + dims(p)) for t, p in data_out})
 
 
 def _feed_forward_fused(staging: str, yaml_path: str, graph: str, model: Pipeline,
@@ -493,8 +377,8 @@ def _feed_forward_fused(staging: str, yaml_path: str, graph: str, model: Pipelin
     """A feed-forward bundle as one batched fused model; False where it cannot be one."""
     from .fusion import FuseError, fuse
     for node in model.run_order:  # a tensor Triton has no type for: named before fusing
-        _checked(model.nodes[node].inputs, node, "inputs")
-        _checked(model.nodes[node].outputs, node, "outputs")
+        checked_ports(model.nodes[node].inputs, node, "inputs")
+        checked_ports(model.nodes[node].outputs, node, "outputs")
     name = model_name(graph, set())
     try:
         single = fuse(yaml_path, out=os.path.join(staging, f".{name}_fused.onnx"))

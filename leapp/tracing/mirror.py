@@ -21,7 +21,7 @@ import torch
 from .. import _core
 from . import numpy_array as _numpy
 from ..bundle.log import fatal
-from .payload import _rebuild_one
+from .payload import rebuild_one
 from .traced import TracedTensor, plain
 
 
@@ -36,7 +36,7 @@ def mirror_leapp_tags(source: Any, target: Any) -> Any:
     except Exception as exc:  # structure the check could not follow
         fatal(f"unexpected error mirroring LEAPP tags: {exc}", cause=exc)
     views = _mirror(source, target)
-    return _rebuild_one(target, (), views) if views else target
+    return rebuild_one(target, (), views) if views else target
 
 
 class _Mismatch(Exception):

@@ -125,7 +125,7 @@ def _assemble(container: Any, pairs: list) -> Any:
     return tuple(v for _, v in pairs)
 
 
-def _rebuild_one(value: Any, path: tuple, replaced: dict[tuple, Any]) -> Any:
+def rebuild_one(value: Any, path: tuple, replaced: dict[tuple, Any]) -> Any:
     """value with the leaves in replaced swapped; containers rebuilt (dict, list, tuple)."""
     if not isinstance(value, _NESTED):
         return replaced.get(path, value)
@@ -166,6 +166,6 @@ def rebuild(values: dict, replaced: dict[tuple, Any]) -> Any:
     if not replaced:
         out = list(values.values())
         return out[0] if len(out) == 1 else tuple(out)
-    out = [_rebuild_one(v, (k,), replaced) if any(p[0] == k for p in replaced) else v
+    out = [rebuild_one(v, (k,), replaced) if any(p[0] == k for p in replaced) else v
            for k, v in values.items()]
     return out[0] if len(out) == 1 else tuple(out)

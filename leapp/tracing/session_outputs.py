@@ -90,7 +90,7 @@ class NodeOutputs:
         skip = cfg is not None and (cfg.dry_run or node.name in cfg.non_traced)
         # Everything that can be refused is checked before the node changes.
         if not skip and export_with is not None:
-            from ..compiling.backends import check_backend
+            from ..bundle.backend_names import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
         updates = list(node_info.state_updates.values())
