@@ -12,13 +12,15 @@ from ..bundle.log import logger
 
 
 def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipeline: dict,
-                   staging: str, cache: Any, system_information: dict) -> None:
+                   staging: str, cache: Any, system_information: dict,
+                   ports: Mapping[str, Mapping[str, list]]) -> None:
     """Write each exported model's contract into the staged bundle (before its checksums).
 
     The contract is built from the YAML's documents as a reader parses them
     (emitted and read back here), so :func:`expected` on the committed bundle
     gives the same.  Files an export reused keep their manifest entry's
-    checksum in step (``leapp.compiling.incremental``).
+    checksum in step (``leapp.compiling.incremental``).  ``ports``: each node's YAML
+    ``inputs`` and ``outputs``, with the exporters' renames applied.
     """
     import yaml
 
@@ -36,8 +38,8 @@ def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipelin
     for node in nodes:
         result = exported.get(node.name)
         models[node.name] = {
-            "inputs": [p.describe() for p in node.inputs],
-            "outputs": [p.describe() for p in node.outputs],
+            "inputs": ports[node.name]["inputs"],
+            "outputs": ports[node.name]["outputs"],
             "parameters": {"model_path": None, "md5sum": None, "sha256sum": None,
                            "backend": None if result is None else result.yaml_backend}}
     text = _core.emit_yaml([{"models": models}, {"pipeline": pipeline},

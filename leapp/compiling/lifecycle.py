@@ -323,8 +323,12 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     pipeline["outputs"] = built["outputs"]
     if not skip_export:  # each model carries its contract, written before its checksums
         from .contract_stamp import stamp_compiled
+        ports = {n.name: {"inputs": [_described(p, name) for p, name in renames.inputs_of(n)],
+                          "outputs": [_described(p, name) for p, name in renames.outputs_of(n)]}
+                 for n in nodes}
         stamp_compiled(cfg.graph_name, nodes, exported, pipeline, staging, cache,
-                       {"leapp config version": __config_version__, "leapp version": __version__})
+                       {"leapp config version": __config_version__, "leapp version": __version__},
+                       ports)
         cache.write()
     section(f"Compiling graph parameters for {len(nodes)} nodes")
     models = {n.name: model_entry(n, exported.get(n.name), bundle, staging, renames)
