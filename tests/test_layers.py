@@ -8,9 +8,9 @@ A module may import its own stage and the stages below it, plus the three
 root modules everything stands on (``leapp._core``, ``leapp._version``,
 ``leapp.semantics``).  The rest of the package root is the public face
 (``leapp``, ``leapp.annotate``, ``leapp.cli``, the thin public paths such as
-``leapp.serving.fusion``, upstream's ``leapp.leapp`` / ``leapp.export_manager`` /
+``leapp.fusion``, upstream's ``leapp.leapp`` / ``leapp.export_manager`` /
 ``leapp.utils``): it may import any stage, and a stage that has to reach a
-later one goes through it (``compile_graph(fuse=True)`` calls ``leapp.serving.fusion``).
+later one goes through it (``compile_graph(fuse=True)`` calls ``leapp.fusion``).
 
 The imports are read with the import-cycle test's reader (lazy imports and
 ``importlib`` loads included), so nothing is imported here.
@@ -74,8 +74,8 @@ def test_a_stage_reaches_a_later_one_only_through_the_public_face():
     faces = {t for m, targets in graph.items() if rank(m) != FACE
              for t in targets if rank(t) == FACE}
     # the public face a stage may call into: thin public paths, never the CLI or upstream's
-    assert faces <= {"leapp.serving.fusion", "leapp.serving.triton", "leapp.serving.fleet", "leapp.bundle.pipeline",
-                     "leapp.running.inference_manager", "leapp.serving.triton_server"}, sorted(faces)
+    assert faces <= {"leapp.fusion", "leapp.triton", "leapp.fleet", "leapp.pipeline",
+                     "leapp.inference_manager", "leapp.triton_server"}, sorted(faces)
 
 
 def test_an_upward_import_is_reported(tmp_path):
