@@ -86,7 +86,7 @@ def _assert_v1(root: str, bundle: str, files: dict, outputs: dict) -> None:
 CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from leapp import _publish, lifecycle
+    from leapp.compiling import lifecycle, publish as _publish
     from test_publish import build
 
     def die(*_):
