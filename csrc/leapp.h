@@ -12,11 +12,15 @@
  *                table, the port tuples and their invariants
  *   prune.c      Node.prune(): reachability over a node's op log
  *   trace.c      the per-op __torch_function__ handler
+ *   trace_inactive.c  its path for ops on values of finished nodes (no init:
+ *                called from trace.c)
  *   annotate.c   the no-session fast paths of the annotations and the
  *                annotated-method wrapper type
  *   graph.c      edges, feedback classification, graph I/O, statistics
  *   yaml_emit.c  YAML emission through libyaml
  *   runtime.c    the compiled step program behind InferenceManager
+ *   program_build.c  that program's constructor (no init: runtime.c's type
+ *                names it as tp_new)
  *
  * Ownership conventions: functions returning PyObject* return a new
  * reference, or NULL with an exception set.  Borrowed references are
@@ -254,6 +258,19 @@ PyObject *node_prune(NodeObject *self, PyObject *vids);
 
 /* ---- trace.c --------------------------------------------------------- */
 int trace_init(PyObject *module, leapp_state *st);
+/* One walk of an op's args (trace.c): the tracing node and the first carrier found. */
+typedef struct {
+    leapp_state *st;
+    PyObject *func;           /* borrowed */
+    NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
+    CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
+    int dynamic;              /* a value of the tracing node with a data-dependent shape */
+} trace_walk;
+int trace_is_tensor(leapp_state *st, PyObject *obj);
+PyObject *trace_run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args,
+                          PyObject *kwargs);
+/* trace_inactive.c: an op on values of finished nodes while a session runs. */
+PyObject *trace_inactive(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types, PyObject *args, PyObject *kwargs);
 
 /* ---- annotate.c ------------------------------------------------------ */
 int annotate_init(PyObject *module, leapp_state *st);
@@ -264,7 +281,39 @@ int graph_init(PyObject *module, leapp_state *st);
 /* ---- yaml_emit.c ----------------------------------------------------- */
 int yaml_emit_init(PyObject *module, leapp_state *st);
 
-/* ---- runtime.c ------------------------------------------------------- */
+/* ---- runtime.c, program_build.c ------------------------------------- */
+/* The compiled step program: routing tables in slots, resolved once by
+ * InferenceManager (see runtime.c). */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nslots;
+    PyObject **slots;        /* owned value per slot, or NULL */
+    Py_ssize_t nnodes;
+    PyObject **calls;        /* owned callable per node, run order */
+    Py_ssize_t *in_off;      /* nnodes + 1 offsets into in_slot */
+    Py_ssize_t *in_slot;     /* slots read by the nodes, concatenated */
+    Py_ssize_t *out_off;     /* nnodes + 1 offsets into dst_off */
+    Py_ssize_t *dst_off;     /* noutputs + 1 offsets into dst_slot */
+    Py_ssize_t *dst_slot;    /* destination slots of every output */
+    Py_ssize_t nresults;
+    PyObject **result_keys;  /* owned str "node/output" per graph output */
+    Py_ssize_t *result_slot;
+    Py_ssize_t ncommits;
+    Py_ssize_t *commit_from; /* staging slot */
+    Py_ssize_t *commit_to;   /* feedback target slot */
+    PyObject *names;         /* tuple[str]: node names, run order */
+    PyObject *input_index;   /* dict: "node/input" -> int slot */
+    PyObject *slot_keys;     /* tuple[str]: a readable name per slot */
+    PyObject *shapes;        /* tuple: expected shape tuple per slot, or None */
+    PyObject *dtypes;        /* tuple: expected dtype per slot, or None */
+    PyObject *graph_inputs;  /* list[str]: the graph inputs, for errors */
+    PyObject *convert;       /* (key, value) -> value, for values that do not fit;
+                                or None */
+} ProgramObject;
+
 int runtime_init(PyObject *module, leapp_state *st);
+/* program_build.c: the constructor (tp_new) and the slot-index check run() shares. */
+PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds);
+Py_ssize_t program_slot_index(PyObject *obj, Py_ssize_t nslots);
 
 #endif /* LEAPP_H */

@@ -11,18 +11,11 @@
  */
 #include "leapp.h"
 
-typedef struct {
-    leapp_state *st;
-    PyObject *func;           /* borrowed */
-    NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
-    CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
-    int dynamic;              /* a value of the tracing node with a data-dependent shape */
-} walk;
 
 /* Upstream's message (the two node names as a sorted set), then which op
  * mixed them and how to fix it. */
 static int
-raise_mixed(walk *w, NodeObject *other)
+raise_mixed(trace_walk *w, NodeObject *other)
 {
     PyObject *fname = PyObject_GetAttrString(w->func, "__name__");
     PyObject *lo = w->active->name, *hi = other->name; /* borrowed */
@@ -58,13 +51,13 @@ done:
     return -1;
 }
 
-static PyObject *template_of_container(walk *w, PyObject *obj);
+static PyObject *template_of_container(trace_walk *w, PyObject *obj);
 
 /* The template of obj: obj with every value of the tracing node replaced by
  * a Ref; containers are rebuilt, everything else is kept as is (tensors from
  * outside the node become constants when the node is turned into a graph). */
 static PyObject *
-template_of(walk *w, PyObject *obj)
+template_of(trace_walk *w, PyObject *obj)
 {
     leapp_state *st = w->st;
     PyTypeObject *tp = Py_TYPE(obj);
@@ -105,7 +98,7 @@ template_of(walk *w, PyObject *obj)
 
 /* template_of for an exact tuple, list or dict: a rebuilt container. */
 static PyObject *
-template_of_container(walk *w, PyObject *obj)
+template_of_container(trace_walk *w, PyObject *obj)
 {
     PyTypeObject *tp = Py_TYPE(obj);
     if (tp == &PyTuple_Type || tp == &PyList_Type) {
@@ -186,8 +179,8 @@ done:
     return (int)k;
 }
 
-static int
-is_tensor(leapp_state *st, PyObject *obj)
+int
+trace_is_tensor(leapp_state *st, PyObject *obj)
 {
     PyTypeObject *tp = Py_TYPE(obj);
     return tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->traced_type
@@ -217,7 +210,7 @@ bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
 static PyObject *
 bind_results(leapp_state *st, NodeObject *node, PyObject *r)
 {
-    if (is_tensor(st, r)) {
+    if (trace_is_tensor(st, r)) {
         Py_ssize_t vid = node->nvalues++;
         if (bind_result(st, node, r, vid) < 0) {
             return NULL;
@@ -234,7 +227,7 @@ bind_results(leapp_state *st, NodeObject *node, PyObject *r)
         for (i = 0; i < n; i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(r, i); /* borrowed */
             PyObject *slot;
-            if (is_tensor(st, item)) {
+            if (trace_is_tensor(st, item)) {
                 Py_ssize_t vid = node->nvalues++;
                 if (bind_result(st, node, item, vid) < 0) {
                     Py_DECREF(out);
@@ -261,8 +254,8 @@ bind_results(leapp_state *st, NodeObject *node, PyObject *r)
     return Py_NewRef(Py_None);
 }
 
-static PyObject *
-run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyObject *kwargs)
+PyObject *
+trace_run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args, PyObject *kwargs)
 {
     PyObject *call[4] = {func, types, args, kwargs == Py_None ? st->empty_kwargs : kwargs};
     return PyObject_Vectorcall(st->run_disabled, call, 4, NULL);
@@ -320,7 +313,7 @@ out_target(leapp_state *st, PyObject *kwargs)
         PyErr_Clear();                /* only this lookup's error: no out= */
         return NULL;
     }
-    return is_tensor(st, target) ? target : NULL;
+    return trace_is_tensor(st, target) ? target : NULL;
 }
 
 /* 1 when key (of x[key]) holds a boolean tensor (a mask: the result's shape
@@ -337,7 +330,7 @@ is_mask_key(leapp_state *st, PyObject *key)
         }
         return found;
     }
-    if (st->bool_dtype == NULL || !is_tensor(st, key)) {
+    if (st->bool_dtype == NULL || !trace_is_tensor(st, key)) {
         return 0;
     }
     dtype = PyObject_GetAttr(key, st->str_dtype);
@@ -372,10 +365,10 @@ mark_dynamic(leapp_state *st, PyObject *r)
  * whose shape depends on data): the op runs eagerly, nothing is recorded
  * (the result is a Python value), and the guard hook sees the value. */
 static PyObject *
-trace_conversion(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+trace_conversion(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
                  PyObject *args, PyObject *kwargs)
 {
-    PyObject *result = run_eager(st, func, types, args, kwargs);
+    PyObject *result = trace_run_eager(st, func, types, args, kwargs);
     PyObject *seen = NULL;
     if (result == NULL || st->guard == NULL || PyTuple_GET_SIZE(args) == 0
         || (kind == OP_SIZE && !w->dynamic)) {
@@ -394,7 +387,7 @@ trace_conversion(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *t
 
 /* Record an op of the tracing node and bind its results. */
 static PyObject *
-trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+trace_active(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
              PyObject *args, PyObject *kwargs, PyObject *targs, PyObject *tkwargs)
 {
     NodeObject *node = w->active;
@@ -434,12 +427,12 @@ trace_active(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types
             goto error;
         }
     }
-    result = run_eager(st, func, types, args, kwargs);
+    result = trace_run_eager(st, func, types, args, kwargs);
     if (result == NULL) {
         goto error;
     }
     if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && receiver != NULL
-        && is_tensor(st, receiver)) {
+        && trace_is_tensor(st, receiver)) {
         Py_ssize_t vid = node->nvalues++;
         if (bind_result(st, node, receiver, vid) < 0) {
             goto error;
@@ -490,250 +483,6 @@ done:
     return result;
 }
 
-/* Whether key (of dst[key] = value) selects the whole tensor: `...` or `:`. */
-static int
-is_full_key(PyObject *key)
-{
-    PySliceObject *s;
-    if (key == Py_Ellipsis) {
-        return 1;
-    }
-    if (!PySlice_Check(key)) {
-        return 0;
-    }
-    s = (PySliceObject *)key;
-    return s->start == Py_None && s->stop == Py_None && s->step == Py_None;
-}
-
-/* 1 when attribute name of a and b compares equal, 0 when not, -1 on error. */
-static int
-same_attr(PyObject *a, PyObject *b, PyObject *name)
-{
-    PyObject *x = PyObject_GetAttr(a, name), *y = x ? PyObject_GetAttr(b, name) : NULL;
-    int eq = (x != NULL && y != NULL) ? PyObject_RichCompareBool(x, y, Py_EQ) : -1;
-    Py_XDECREF(x);
-    Py_XDECREF(y);
-    return eq;
-}
-
-/* dst.copy_(src) or dst[:] = src outside a tracing node: a full overwrite
- * from a published value with dst's shape and dtype makes dst carry that
- * value's provenance (returns 1); otherwise returns 0, or -1 on error. */
-static int
-adopt_overwrite(leapp_state *st, PyObject *args)
-{
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    PyObject *dst, *src;              /* borrowed from args */
-    CarrierObject *from;              /* src's carrier, held across the attribute reads */
-    int eq;
-    if (n == 2) {                     /* copy_(dst, src) */
-        src = PyTuple_GET_ITEM(args, 1);
-    }
-    else if (n == 3 && is_full_key(PyTuple_GET_ITEM(args, 1))) {
-        src = PyTuple_GET_ITEM(args, 2); /* __setitem__(dst, key, src) */
-    }
-    else {
-        return 0;
-    }
-    dst = PyTuple_GET_ITEM(args, 0);
-    from = carrier_of(st, src);
-    if (from == NULL || from->port == NULL || !is_tensor(st, dst) || dst == src) {
-        return 0;
-    }
-    Py_INCREF(from);
-    eq = same_attr(dst, src, st->str_shape);
-    if (eq == 1) {
-        eq = same_attr(dst, src, st->str_dtype);
-    }
-    if (eq == 1) {
-        eq = (carrier_promote(st, dst) < 0
-              || carrier_attach(st, dst, from->node, from->vid, from->port, from->declared) < 0)
-                 ? -1 : 1;
-    }
-    Py_DECREF(from);
-    return eq;
-}
-
-/* Ops on values of finished nodes: eager, keeping the port through copies. */
-static PyObject *
-run_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
-             PyObject *args, PyObject *kwargs)
-{
-    PyObject *result = run_eager(st, func, types, args, kwargs);
-    PyObject *src = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL; /* borrowed */
-    CarrierObject *c;                 /* src's carrier, held across the dtype reads */
-    if (result == NULL) {
-        return NULL;
-    }
-    if (kind == OP_OVERWRITE) {
-        int adopted = adopt_overwrite(st, args);
-        if (adopted != 0) {
-            if (adopted < 0) {
-                Py_CLEAR(result);
-            }
-            return result;
-        }
-    }
-    c = src != NULL ? carrier_of(st, src) : NULL;
-    if (c == NULL || c != w->first
-        || (c->port == NULL && !((kind == OP_INPLACE || kind == OP_OVERWRITE) && c->group))) {
-        return result;
-    }
-    Py_INCREF(c);
-    if (kind == OP_INPLACE || kind == OP_OVERWRITE) {
-        if (c->group != NULL && st->alias_write != NULL) {
-            /* The write may reach a view that a tracing node declared. */
-            PyObject *ok = PyObject_CallFunctionObjArgs(st->alias_write, src, func, NULL);
-            if (ok == NULL) {
-                Py_CLEAR(result);
-                goto done;
-            }
-            Py_DECREF(ok);
-        }
-        Py_CLEAR(c->port); /* a published value changed in place is a new value */
-        goto done;
-    }
-    if ((kind == OP_COPY || kind == OP_TO) && result != src
-        && Py_TYPE(result) == (PyTypeObject *)st->tensor_type) {
-        if (kind == OP_TO) {
-            int same = same_attr(src, result, st->str_dtype);
-            if (same < 0) {
-                Py_CLEAR(result);
-            }
-            if (same != 1) {
-                goto done;
-            }
-        }
-        if (carrier_promote(st, result) < 0
-            || carrier_attach(st, result, c->node, c->vid, c->port, c->declared) < 0) {
-            Py_CLEAR(result);
-        }
-    }
-done:
-    Py_DECREF(c);
-    return result;
-}
-
-/* A new (node name, port, op name) tag: plain strings, so copies of a tagged
- * tensor (deepcopy, pickle) hold no Node. */
-static PyObject *
-derived_tag(CarrierObject *c, PyObject *func)
-{
-    PyObject *tag = NULL, *fname = PyObject_GetAttrString(func, "__name__");
-    if (fname == NULL) {
-        PyErr_Clear();
-        fname = PyObject_Repr(func);
-        if (fname == NULL) {
-            goto done;
-        }
-    }
-    tag = PyTuple_Pack(3, ((NodeObject *)c->node)->name, c->port, fname);
-done:
-    Py_XDECREF(fname);
-    return tag;
-}
-
-/* The derived tag of a top-level argument, borrowed, or NULL (no exception). */
-static PyObject *
-derived_arg(leapp_state *st, PyObject *args)
-{
-    PyObject *tag = NULL;             /* borrowed from an argument's instance dict */
-    Py_ssize_t i, n = PyTuple_GET_SIZE(args);
-    for (i = 0; i < n && tag == NULL; i++) {
-        PyObject *arg = PyTuple_GET_ITEM(args, i); /* borrowed */
-        PyObject **dictptr = Py_TYPE(arg) == (PyTypeObject *)st->traced_type
-                                 ? _PyObject_GetDictPtr(arg) : NULL;
-        if (dictptr != NULL && *dictptr != NULL) {
-            tag = PyDict_GetItemWithError(*dictptr, st->str_derived);
-            if (tag == NULL && PyErr_Occurred()) {
-                PyErr_Clear(); /* only this lookup's error: an untagged argument */
-            }
-        }
-    }
-    return tag;
-}
-
-/* Tag the plain tensor t (made a TracedTensor without a carrier, so the ops
- * that follow keep the tag) with tag; other objects are left alone. */
-static int
-tag_derived(leapp_state *st, PyObject *t, PyObject *tag)
-{
-    PyObject **dictptr;
-    int rc = -1;
-    if (Py_TYPE(t) != (PyTypeObject *)st->tensor_type) {
-        rc = 0;                       /* a traced value or another subclass: untouched */
-        goto done;
-    }
-    if (carrier_promote(st, t) < 0) {
-        goto done;
-    }
-    dictptr = _PyObject_GetDictPtr(t);
-    if (dictptr == NULL) {
-        rc = PyObject_SetAttr(t, st->str_derived, tag);
-        goto done;
-    }
-    if (*dictptr == NULL) {
-        *dictptr = PyDict_New();      /* the instance dict, owned by t */
-        if (*dictptr == NULL) {
-            goto done;
-        }
-    }
-    rc = PyDict_SetItem(*dictptr, st->str_derived, tag);
-done:
-    return rc;
-}
-
-/* Ops outside every node while a session runs.  A tensor result computed
- * from a published value (or from a result tagged so) is tagged "derived
- * from port P of node N by func": an input declared from it would silently be
- * a new graph input, and the facade says so (leapp._session). */
-static PyObject *
-trace_inactive(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
-               PyObject *args, PyObject *kwargs)
-{
-    PyObject *result = run_inactive(st, w, kind, func, types, args, kwargs);
-    PyObject *tag = NULL;             /* strong */
-    PyObject *target = result;        /* borrowed: what gets the tag */
-    Py_ssize_t i, n;
-    if (result == NULL) {
-        goto done;
-    }
-    if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && PyTuple_GET_SIZE(args)) {
-        target = PyTuple_GET_ITEM(args, 0); /* the written receiver (x[k] = v gives None) */
-    }
-    if (Py_TYPE(target) != (PyTypeObject *)st->tensor_type && !PyTuple_Check(target)
-        && !PyList_Check(target)) {
-        goto done;                    /* sizes, item(), bools; results that kept a port */
-    }
-    if (w->first != NULL && w->first->port != NULL) {
-        tag = derived_tag(w->first, func);
-    }
-    else {
-        tag = Py_XNewRef(derived_arg(st, args));
-    }
-    if (tag == NULL) {
-        if (PyErr_Occurred()) {
-            Py_CLEAR(result);
-        }
-        goto done;
-    }
-    if (Py_TYPE(target) == (PyTypeObject *)st->tensor_type) {
-        if (tag_derived(st, target, tag) < 0) {
-            Py_CLEAR(result);
-        }
-        goto done;
-    }
-    n = PySequence_Fast_GET_SIZE(target);
-    for (i = 0; i < n; i++) {
-        if (tag_derived(st, PySequence_Fast_GET_ITEM(target, i), tag) < 0) {
-            Py_CLEAR(result);
-            goto done;
-        }
-    }
-done:
-    Py_XDECREF(tag);
-    return result;
-}
 
 /* An op from a thread that does not own the session.  It may read values of
  * finished nodes (eagerly, plain results, the session untouched); an op on a
@@ -741,13 +490,13 @@ done:
  * refused: recorded, it would interleave with the owner's op log, and not
  * recorded, its result would be baked into the graph as a constant. */
 static PyObject *
-trace_foreign(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+trace_foreign(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
               PyObject *args, PyObject *kwargs)
 {
     PyObject *name, *what = NULL;
     if (w->active == NULL
         && (w->first == NULL || (kind != OP_INPLACE && kind != OP_OVERWRITE))) {
-        return run_eager(st, func, types, args, kwargs);
+        return trace_run_eager(st, func, types, args, kwargs);
     }
     name = PyObject_GetAttrString(func, "__name__");
     if (name == NULL) {
@@ -776,7 +525,7 @@ done:
  * TorchScript callable (OP_SCRIPTED) is run by the facade's hook, op by op
  * through this handler, and is not recorded itself. */
 static PyObject *
-trace_hooked(leapp_state *st, walk *w, int kind, PyObject *func, PyObject *types,
+trace_hooked(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
              PyObject *args, PyObject *kwargs, PyObject *targs, PyObject *tkwargs)
 {
     PyObject *done;
@@ -803,7 +552,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
 {
     leapp_state *st = leapp_get_state(module);
     PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
-    walk w = {st, NULL, NULL, NULL, 0};
+    trace_walk w = {st, NULL, NULL, NULL, 0};
     int kind, base;
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
@@ -827,7 +576,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     }
     w.func = func;
     if (!st->tracing) {
-        return run_eager(st, func, types, args, kwargs);
+        return trace_run_eager(st, func, types, args, kwargs);
     }
     targs = template_of(&w, args);
     if (targs == NULL) {

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from . import _core, _ops, _script
-from . import _alias  # noqa: F401  (binds the alias hooks into the core)
-from . import _guards  # noqa: F401  (binds the guard hook into the core)
-from ._session import API
-from ._traced import TracedTensor, alias
+from . import _core
+from .tracing import ops as _ops, script as _script
+from .tracing import alias as _alias  # noqa: F401  (binds the alias hooks into the core)
+from .tracing import guards as _guards  # noqa: F401  (binds the guard hook into the core)
+from .tracing.session import API
+from .tracing.traced import TracedTensor, alias
 
 _core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,
             _ops.classify, _ops.rewrite, alias, API)
@@ -26,13 +27,12 @@ _core._bind_script(_script.trace_through, _ops.note_random)
 
 from . import annotate  # noqa: E402
 from .export_manager import ExportManager  # noqa: E402
-from ._patching import FunctionPatch  # noqa: E402
+from .tracing.patching import FunctionPatch  # noqa: E402
 from ._version import __implementation__, __version__  # noqa: E402
-from .lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
-from .fusion import fuse  # noqa: E402
-from ._contract import read as contract  # noqa: E402  (docs/deploy.md)
-from .semantics import (GraphConfigs, InputKindEnum, OutputKindEnum,  # noqa: E402
-                        TemporalAxis, TensorSemantics)
+from .compiling.lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
+from .serving.fusion import fuse  # noqa: E402
+from .bundle.contract import read as contract  # noqa: E402  (docs/deploy.md)
+from .semantics import GraphConfigs, InputKindEnum, OutputKindEnum, TemporalAxis, TensorSemantics
 from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
 
 __all__ = [
@@ -45,6 +45,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "InferenceManager":  # onnxruntime is imported only when needed
-        from .inference_manager import InferenceManager
+        from .running.inference_manager import InferenceManager
         return InferenceManager
     raise AttributeError(f"module 'leapp' has no attribute '{name}'")

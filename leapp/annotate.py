@@ -9,7 +9,7 @@ import contextlib
 from typing import Any, Callable, Iterable
 
 from . import _core
-from ._logging import fatal, logger
+from .bundle.log import fatal, logger
 
 input_tensors = _core.input_tensors
 output_tensors = _core.output_tensors

@@ -36,13 +36,13 @@ class CheckFailed(Exception):
 # ---- reading ------------------------------------------------------------------------------
 
 def _read_bundle(path: str) -> Any:
-    """The bundle's checked :class:`leapp.pipeline.Pipeline`; BundleError when it cannot be read.
+    """The bundle's checked :class:`leapp.bundle.pipeline.Pipeline`; BundleError when it cannot be read.
 
     Parsed by InferenceManager's safe loader (no anchors or aliases, bounded
     size and depth, regular files only) and checked as InferenceManager checks it.
     """
-    from ._safe_load import BundleError as Unreadable, read_bundle
-    from .pipeline import Pipeline
+    from .bundle.safe_load import BundleError as Unreadable, read_bundle
+    from .bundle.pipeline import Pipeline
     try:
         return Pipeline.from_document(read_bundle(path))
     except Unreadable as exc:
@@ -58,7 +58,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _checksum(yaml_dir: str, name: str, parameters: Mapping[str, Any]) -> tuple[str, bool]:
     """(what to print, ok) for one node's model file (confined to the bundle)."""
-    from ._safe_load import bundle_file_sha256
+    from .bundle.safe_load import bundle_file_sha256
     model_path = parameters.get("model_path")
     if not model_path:
         return "no model", True
@@ -140,7 +140,7 @@ def _inspect_model(path: str, out: Any) -> int:
     """`leapp inspect MODEL`: the contract a single model file carries (docs/deploy.md)."""
     import json
 
-    from ._contract import ContractError, read
+    from .bundle.contract import ContractError, read
     if not os.path.isfile(path):
         raise BundleError(f"no such model file: {path}")
     try:
@@ -172,7 +172,7 @@ def _inspect_model(path: str, out: Any) -> int:
 def _manager(path: str) -> Any:
     """InferenceManager for a readable bundle; its refusals are failed checks."""
     _read_bundle(path)
-    from .inference_manager import InferenceManager
+    from .running.inference_manager import InferenceManager
     try:
         return InferenceManager(path)
     except Exception as exc:  # noqa: BLE001  (a model that does not load is the finding)
@@ -240,7 +240,7 @@ def cmd_view(args: argparse.Namespace, out: Any) -> int:
 def cmd_check(args: argparse.Namespace, out: Any) -> int:
     if args.deploy:
         _read_bundle(args.bundle)
-        from ._deploy_check import run_cli
+        from .compiling.deploy_check import run_cli
         failed = run_cli(args.bundle, out)
         if failed:
             raise CheckFailed(f"{failed} deploy check(s) failed (each listed above with its fix)")
@@ -253,8 +253,8 @@ def cmd_check(args: argparse.Namespace, out: Any) -> int:
 
 def cmd_triton(args: argparse.Namespace, out: Any) -> int:
     _read_bundle(args.bundle)
-    from .fusion import FuseError
-    from .triton import TritonRepositoryError, write_repository
+    from .serving.fusion import FuseError
+    from .serving.triton import TritonRepositoryError, write_repository
     try:
         repository = write_repository(args.bundle, args.repository, serve_with=args.serve_with,
                                       fused_model=args.fused, fleet_size=args.fleet_size,

@@ -3,7 +3,7 @@
 Upstream code reaches the session through one shared ``ExportManager()``
 (``ExportManager.is_interpret_graph_enabled()`` in teardown code,
 ``ExportManager().get_nodes()`` after a compile, its annotation methods).
-Here the session lives in the C core and ``leapp.lifecycle``; this class is a
+Here the session lives in the C core and ``leapp.compiling.lifecycle``; this class is a
 stateless view of it, so every ``ExportManager()`` is the same object and
 reads and writes the current session.
 
@@ -24,9 +24,9 @@ import os
 from typing import Any, Callable
 
 from . import _core, annotate
-from ._logging import fatal, logger
-from ._session import info
-from ._session_state import SESSION, SessionConfig
+from .bundle.log import fatal, logger
+from .tracing.session import info
+from .tracing.state import SESSION, SessionConfig
 
 
 def _as_lists(value: Any) -> Any:
@@ -123,7 +123,7 @@ class ExportManager:
 
     def configure_logger(self, verbose: bool = False) -> None:
         """Send the ``leapp`` logger to ``<bundle>/log.txt`` and the console."""
-        from . import _logging
+        from .bundle import log as _logging
         self.ensure_save_path_exists()
         _logging.configure(self.get_save_path() or ".", verbose)
 
@@ -264,10 +264,10 @@ class ExportManager:
         last = self._last_compile()
         if "models" in last:
             return {"models": _as_lists(last["models"])}
-        from .lifecycle import _model_entry
+        from .compiling.lifecycle import model_entry
         save = self.get_save_path() or "."
         nodes = sorted(_core.nodes().values(), key=lambda n: n.node_index)
-        return {"models": _as_lists({n.name: _model_entry(n, None, save, save) for n in nodes})}
+        return {"models": _as_lists({n.name: model_entry(n, None, save, save) for n in nodes})}
 
     def compile_models(self) -> None:
         """No-op: ``save_models()`` / ``leapp.compile_graph()`` export and save in one step."""
@@ -279,7 +279,7 @@ class ExportManager:
         if self.get_save_path() is None:
             fatal("Error: No save path provided, please provide a save path to export the graph",
                   Exception)
-        from .lifecycle import compile_graph
+        from .compiling.lifecycle import compile_graph
         compile_graph(visualize=False, validate=False)
 
     def validate_all_models(self, rtol: float = 1e-3, atol: float = 1e-5,
@@ -298,5 +298,5 @@ class ExportManager:
                   "leapp.compile_graph(validate=False) (or ExportManager().save_models()) "
                   "first; a compile_graph() that validated already released its models.",
                   Exception)
-        from .validation import validate_models
+        from .compiling.validation import validate_models
         return validate_models(entries, rtol=rtol, atol=atol, strict=strict)

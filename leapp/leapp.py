@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import annotate
 from .export_manager import ExportManager
-from .lifecycle import compile_graph, start, stop
+from .compiling.lifecycle import compile_graph, start, stop
 
 _MANAGER: ExportManager = ExportManager()
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 import torch
 
-from ._logging import fatal, logger
+from .bundle.log import fatal, logger
 
 TEMPORAL_AXIS = "__temporal_axis__"
 

@@ -122,7 +122,7 @@ def program_run():
     import torch
 
     from leapp import _core
-    from leapp.inference_manager import InferenceManager
+    from leapp.running.inference_manager import InferenceManager
     runs = []
     for name in ("feedback", "stateful"):
         manager = InferenceManager(os.path.join(ROOT, "tests", "data", "upstream", name,
@@ -206,7 +206,7 @@ def snapshot(probes: dict[str, Any]) -> dict[str, Any]:
     objects = gc.get_objects()
     for obj in objects:
         name = type(obj).__name__
-        if name in names and type(obj).__module__ in ("leapp._core", "leapp._traced"):
+        if name in names and type(obj).__module__ in ("leapp._core", "leapp.tracing.traced"):
             live[name] += 1
     count = len(objects)
     del objects

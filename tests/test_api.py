@@ -399,7 +399,7 @@ def test_failed_compile_leaves_the_previous_bundle_intact(bundle, monkeypatch):
               for name in ("g.yaml", "a.pt", "b.pt")}
     _chain(bundle.root)
     monkeypatch.setenv("LEAPP_INCREMENTAL", "0")  # the same graph again: export it again
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
     original = jit_backend.export
     calls = []
 

@@ -555,7 +555,7 @@ def test_onnx_output_names_that_shadow_op_names(tmp_path, backend):
 
 
 def test_onnx_model_takes_numpy_views():
-    from leapp.backends.onnx_runner import _to_numpy
+    from leapp.compiling.backends.onnx_runner import _to_numpy
     t = torch.randn(3, 4)
     assert np.shares_memory(_to_numpy(t), t.numpy())
     strided = t.t()
@@ -614,7 +614,7 @@ def test_byom_outside_bundle_is_copied(tmp_path, suffix, backend, caplog):
     assert (bundle / f"affine{suffix}").read_bytes() == path.read_bytes()
     assert "lies outside the bundle directory: copied into the bundle" in caplog.text
     assert f"- own: {bundle / f'affine{suffix}'}" in caplog.text
-    from leapp.inference_manager import InferenceManager
+    from leapp.running.inference_manager import InferenceManager
     manager = InferenceManager(str(bundle / "byom.yaml"))
     x = torch.randn(2, 3)
     torch.testing.assert_close(manager({"own/x": x})["own/y"], x * 3.0 - 1.0)
@@ -630,7 +630,7 @@ def test_byom_inside_bundle_is_referenced(tmp_path, caplog):
     assert params["model_path"] == "models/affine.pt"
     assert not (bundle / "affine.pt").exists()
     assert f"- own: {path}" in caplog.text  # the artifact summary names the real file
-    from leapp.inference_manager import InferenceManager
+    from leapp.running.inference_manager import InferenceManager
     InferenceManager(str(bundle / "byom.yaml"))
 
 
@@ -644,7 +644,7 @@ def test_byom_copy_original_model_false_keeps_reference(tmp_path, caplog):
     assert params["model_path"] == "../models/affine.pt"
     assert not (bundle / "affine.pt").exists()
     assert "allow_external_paths=True" in caplog.text
-    from leapp.inference_manager import InferenceManager
+    from leapp.running.inference_manager import InferenceManager
     with pytest.raises(ValueError, match="outside the bundle directory"):
         InferenceManager(str(bundle / "byom.yaml"))
     InferenceManager(str(bundle / "byom.yaml"), allow_external_paths=True)

@@ -1,4 +1,4 @@
-"""The contract inside every artifact (leapp._contract, docs/deploy.md).
+"""The contract inside every artifact (leapp.bundle.contract, docs/deploy.md).
 
 For each backend, and for the fused model in both formats, the contract read
 back from the file equals the one the bundle's YAML gives; ONNX files still
@@ -19,8 +19,8 @@ import torch
 
 import leapp
 from leapp import GraphConfigs, InputKindEnum, OutputKindEnum, TensorSemantics, annotate
-from leapp import _contract
-from leapp._digest import file_digests
+from leapp.bundle import contract as _contract
+from leapp.bundle.digest import file_digests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
@@ -167,7 +167,7 @@ def _legacy_pt2(path: str) -> None:
 
 
 def test_flat_torch27_pt2_archive_carries_the_contract(tmp_path):
-    from leapp._safe_load import load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
     path = str(tmp_path / "legacy.pt2")
     _legacy_pt2(path)
     contract = {"schema": _contract.SCHEMA, "schema_version": 1, "node": "n"}

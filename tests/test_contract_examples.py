@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import leapp
-from leapp import _contract
+from leapp.bundle import contract as _contract
 from support import ROOT
 
 EXAMPLES = ["getting_started", "complete_pipeline", "method_node", "state_tensors",

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from leapp import _core, _ops
+from leapp import _core
+from leapp.tracing import ops as _ops
 
 STUB = pathlib.Path(_core.__file__).resolve().parent / "_core.pyi"
 

@@ -1,4 +1,4 @@
-"""`leapp check --deploy` (leapp._deploy_check, docs/deploy.md).
+"""`leapp check --deploy` (leapp.compiling.deploy_check, docs/deploy.md).
 
 One complete bundle (kinds, joint names, frequency, declared state, fused
 model) passes with status 0; copies of it, each made incomplete in one way,
@@ -19,8 +19,8 @@ import yaml
 import leapp
 from leapp import GraphConfigs, InputKindEnum, OutputKindEnum, TensorSemantics, annotate
 from leapp import _core
-from leapp._deploy_check import FAIL, PASS, WARN, check_bundle
-from leapp._digest import file_digests
+from leapp.compiling.deploy_check import FAIL, PASS, WARN, check_bundle
+from leapp.bundle.digest import file_digests
 from leapp.cli import main
 
 JOINTS = ["hip", "knee", "ankle"]
@@ -189,7 +189,7 @@ def test_altered_fused_model_fails(bundle):
 
 
 def test_model_without_contract_and_bundle_without_fused_model_warn(bundle):
-    from leapp._contract import EXTRA_FILE
+    from leapp.bundle.contract import EXTRA_FILE
     import zipfile
     path = os.path.join(os.path.dirname(bundle), "encoder.pt")
     with zipfile.ZipFile(path) as archive:

@@ -17,8 +17,11 @@ import pytest
 import torch
 
 import leapp
-from leapp import InferenceManager, _contract, _export_caches, _torch_caches, annotate
-from leapp.backends.onnx import default_opset
+from leapp import InferenceManager, annotate
+from leapp.bundle import contract as _contract
+from leapp.compiling import export_caches as _export_caches
+from leapp.compiling import torch_caches as _torch_caches
+from leapp.compiling.backends.onnx import default_opset
 from torch.onnx._internal.exporter import _registration
 
 ONNX_NODES = ("memory", "head")

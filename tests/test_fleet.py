@@ -1,4 +1,4 @@
-"""Many robots at once: the batched fused model and leapp.fleet.FleetRunner (docs/fuse.md).
+"""Many robots at once: the batched fused model and leapp.serving.fleet.FleetRunner (docs/fuse.md).
 
 Two real pipelines, compiled once for the module: a locomotion pipeline
 (onnx normaliser, jit GRU cell with declared state, pt2 scaler with static
@@ -17,9 +17,9 @@ import torch
 
 import leapp
 from leapp import annotate
-from leapp.fleet import FleetError, FleetRunner
-from leapp.fusion import FusedModel, FuseError, read_metadata
-from leapp.inference_manager import InferenceManager
+from leapp.serving.fleet import FleetError, FleetRunner
+from leapp.serving.fusion import FusedModel, FuseError, read_metadata
+from leapp.running.inference_manager import InferenceManager
 
 OBS, HIDDEN, ACT = 6, 8, 3
 

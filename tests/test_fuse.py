@@ -25,8 +25,8 @@ import yaml
 
 import leapp
 from leapp import annotate
-from leapp.fusion import STATE_SUFFIX, FusedModel, FuseError, read_metadata, validate
-from leapp.inference_manager import InferenceManager
+from leapp.serving.fusion import STATE_SUFFIX, FusedModel, FuseError, read_metadata, validate
+from leapp.running.inference_manager import InferenceManager
 from support import ROOT
 
 PIPELINES_DIR = os.path.join(ROOT, "bench", "compat_pipelines")

@@ -32,8 +32,8 @@ import yaml
 
 import leapp
 from leapp import annotate
-from leapp._safe_load import MAX_QUOTE, MAX_YAML_BYTES, quote
-from leapp.inference_manager import InferenceManager
+from leapp.bundle.safe_load import MAX_QUOTE, MAX_YAML_BYTES, quote
+from leapp.running.inference_manager import InferenceManager
 from support import ROOT
 
 HARD_TIMEOUT_S = 60
@@ -174,7 +174,7 @@ def load_in_subprocess(cases: list[tuple[str, dict]], timeout: float = HARD_TIME
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {ROOT!r})
-        from leapp.inference_manager import InferenceManager
+        from leapp.running.inference_manager import InferenceManager
         for path, kwargs in {cases!r}:
             try:
                 InferenceManager(path, **kwargs)
@@ -322,7 +322,7 @@ def _legacy_pt2(path: str, state_dict: bytes | None = None, extra: dict | None =
 
 
 def test_pt2_torch27_archive_loads(tmp_path):
-    from leapp._safe_load import load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
 
     path = str(tmp_path / "legacy.pt2")
     module = _legacy_pt2(path)
@@ -332,7 +332,8 @@ def test_pt2_torch27_archive_loads(tmp_path):
 
 @pytest.mark.parametrize("where", ["state_dict", "entry"])
 def test_pt2_torch27_archive_pickle_refused(tmp_path, marker, where):
-    from leapp._safe_load import BundleError, load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
+    from leapp.bundle.safe_load import BundleError
 
     path = str(tmp_path / "legacy.pt2")
     payload = pickle.dumps(_Payload(marker))
@@ -872,7 +873,7 @@ def test_missing_initial_values_file_refused(bundle):
 
 def test_byom_style_pt2_weights_round_trip(tmp_path):
     """A pt2 with parameters, buffers, constants and aliasing loads bit-exactly."""
-    from leapp._safe_load import load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:
@@ -954,7 +955,8 @@ def test_onnx_external_data_fifo_refused(onnx_bundle):
     ("lambda: 0", False),
 ])
 def test_symbolic_expression_check(text, ok):
-    from leapp._safe_load import BundleError, _check_sym_expr
+    from leapp.bundle.pt2_reader import _check_sym_expr
+    from leapp.bundle.safe_load import BundleError
     if ok:
         _check_sym_expr(text, "t")
     else:
@@ -970,7 +972,8 @@ def test_symbolic_expression_check(text, ok):
     ("L['a\"); import os; (\"'].size()[0] == 1", False),
 ])
 def test_guard_check(text, ok):
-    from leapp._safe_load import BundleError, _check_guard
+    from leapp.bundle.pt2_reader import _check_guard
+    from leapp.bundle.safe_load import BundleError
     if ok:
         _check_guard(text, "t")
     else:
@@ -980,7 +983,7 @@ def test_guard_check(text, ok):
 
 def test_dynamic_shape_pt2_loads(tmp_path):
     """A pt2 exported with a dynamic dim (symbols, range constraints) still loads."""
-    from leapp._safe_load import load_pt2
+    from leapp.bundle.pt2_reader import load_pt2
 
     class Model(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ runs a package's ``__init__`` before any of its submodules anyway.
 
 Loads through ``importlib.import_module`` (or ``__import__``) count too: a
 module that calls it imports every package module its source names in a
-string (``"leapp.backends.jit"``, or ``".jit"`` relative to its package), and
+string (``"leapp.compiling.backends.jit"``, or ``".jit"`` relative to its package), and
 a load whose name is computed from ``__name__`` / ``__package__`` is refused,
 since no reader can tell where it goes.
 """
@@ -171,9 +171,9 @@ def describe(component: list[str], graph: dict[str, set[str]]) -> str:
 
 def test_leapp_has_no_import_cycle():
     graph = import_graph(PACKAGE)
-    assert "leapp._core" in graph and "leapp.backends" in graph  # the walk saw the package
-    assert "leapp._ops" in graph["leapp._alias"]                  # and its imports
-    assert "leapp.backends.byom" in graph["leapp.backends"]       # and its importlib loads
+    assert "leapp._core" in graph and "leapp.compiling.backends" in graph  # the walk saw the package
+    assert "leapp.tracing.ops" in graph["leapp.tracing.alias"]                  # and its imports
+    assert "leapp.compiling.backends.byom" in graph["leapp.compiling.backends"]       # and its importlib loads
     found = cycles(graph)
     assert not found, "import cycles: " + " | ".join(describe(c, graph) for c in found)
 

@@ -15,8 +15,9 @@ import torch
 import yaml
 
 import leapp
-from leapp import _incremental, annotate
-from leapp._incremental import MANIFEST
+from leapp import annotate
+from leapp.compiling import incremental as _incremental
+from leapp.compiling.incremental import MANIFEST
 
 GRAPH = "g"
 
@@ -56,7 +57,8 @@ def template(tmp_path_factory):
 
 
 def _core_reset() -> None:
-    from leapp import _core, _logging
+    from leapp import _core
+    from leapp.bundle import log as _logging
     _core.reset_nodes()
     _logging.close()  # the template's log.txt is not appended to by later sessions
 
@@ -184,7 +186,7 @@ def test_a_failed_compile_with_reused_files_leaves_the_old_bundle(copy, monkeypa
     root, bundle = copy
     before = files(bundle)
     modes = {name: os.stat(os.path.join(bundle, name)).st_mode for name in before}
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
 
     def failing(node, *args, **kwargs):
         raise RuntimeError(f"export of {node} interrupted")

@@ -21,7 +21,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from leapp import _core
-from leapp.inference_manager import OUTPUT_KEY, InferenceManager
+from leapp.running.inference_manager import OUTPUT_KEY, InferenceManager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 UPSTREAM = os.path.join(HERE, "data", "upstream")

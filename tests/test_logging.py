@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import leapp
-from leapp import _logging, annotate
+from leapp import annotate
+from leapp.bundle import log as _logging
 from support import ROOT
 
 SCRIPT = textwrap.dedent("""

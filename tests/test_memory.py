@@ -26,8 +26,9 @@ import support
 import torch
 
 import leapp
-from leapp import _core, _torch_caches, annotate
-from leapp.backends import prepare_inputs
+from leapp import _core, annotate
+from leapp.compiling import torch_caches as _torch_caches
+from leapp.compiling.backends import prepare_inputs
 
 OBJECTS_PER_CYCLE = 40      # measured: jit-script 1, jit-trace 4, onnx + pt2 about 2
 RSS_KIB_PER_CYCLE = 256     # measured: jit-script about 40, onnx + pt2 under 60

@@ -11,7 +11,7 @@ import torch
 
 import leapp
 from leapp import annotate
-from leapp._result import CompileResult
+from leapp.compiling.result import CompileResult
 from support import ROOT
 
 

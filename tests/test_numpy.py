@@ -10,7 +10,7 @@ import torch
 
 import leapp
 from leapp import _core, annotate
-from leapp._numpy import TracedArray, UnmappedNumpyError
+from leapp.tracing.numpy_array import TracedArray, UnmappedNumpyError
 
 X = np.linspace(-2.0, 2.0, 12, dtype=np.float32).reshape(3, 4)
 I = np.arange(12, dtype=np.int32).reshape(3, 4)
@@ -394,7 +394,7 @@ def test_numpy_ufunc_on_a_traced_tensor_is_recorded(bundle):
 
 
 def test_numpy_ufunc_on_a_traced_tensor_outside_a_session_acts_as_on_a_tensor():
-    from leapp._traced import alias
+    from leapp.tracing.traced import alias
     t = alias(torch.ones(2))
     assert torch.equal(np.tanh(t), np.tanh(torch.ones(2)))
     assert type(np.add(t, 1)) is torch.Tensor

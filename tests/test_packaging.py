@@ -27,7 +27,8 @@ def test_version_is_distinct_yet_satisfies_upstream_pins():
 
 
 def test_one_source_of_truth_for_the_version():
-    from leapp import _version, lifecycle
+    from leapp import _version
+    from leapp.compiling import lifecycle
 
     assert leapp.__version__ is _version.__version__ is lifecycle.__version__
     with open(os.path.join(ROOT, "pyproject.toml")) as handle:
@@ -122,6 +123,11 @@ def test_license_and_sdist_manifest():
         assert needed in manifest, needed
 
 
+#: The stage packages (docs/architecture.md): each must reach the sdist and the wheel.
+STAGES = ("bundle", "tracing", "compiling", "compiling/backends", "running", "serving",
+          "visualization", "view", "utils")
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), reason="not a git checkout")
 def test_sdist_holds_the_tests_and_their_support_files(tmp_path):
     result = _setup_py("-q", "sdist", "--dist-dir", str(tmp_path), "--formats", "gztar")
@@ -136,7 +142,9 @@ def test_sdist_holds_the_tests_and_their_support_files(tmp_path):
     for needed in ("LICENSE", "setup.py", "pyproject.toml", "constraints.txt", "csrc/leapp.h",
                    "tests/conftest.py", "tests/support.py", "tests/test_examples.py",
                    "examples/getting_started.py", "leapp/_version.py", "leapp/utils/__init__.py",
-                   "leapp/py.typed", "leapp/annotate.pyi"):
+                   "leapp/py.typed", "leapp/annotate.pyi", "csrc/program_build.c",
+                   "csrc/trace_inactive.c", "leapp/serving/triton_model.py",
+                   *(f"leapp/{stage}/__init__.py" for stage in STAGES)):
         assert needed in names, needed
     tracked = subprocess.run(["git", "ls-files", "tests"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()

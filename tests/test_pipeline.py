@@ -1,4 +1,4 @@
-"""leapp.pipeline: the one model of a bundle's pipeline, read, checked and written."""
+"""leapp.bundle.pipeline: the one model of a bundle's pipeline, read, checked and written."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from leapp.pipeline import (FEEDBACK, FORWARD, SELF, STATE, Pipeline, join_key, split_key)
+from leapp.bundle.pipeline import (FEEDBACK, FORWARD, SELF, STATE, Pipeline, join_key, split_key)
 from support import ROOT
 
 UPSTREAM_BUNDLES = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "upstream", "*", "*.yaml")))

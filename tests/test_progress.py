@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import torch, leapp
     from leapp import annotate
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
 
     real_export = jit_backend.export
 

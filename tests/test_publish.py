@@ -21,8 +21,10 @@ import torch
 import yaml
 
 import leapp
-from leapp import _logging, _publish, annotate
-from leapp._incremental import MANIFEST
+from leapp import annotate
+from leapp.bundle import log as _logging
+from leapp.compiling import publish as _publish
+from leapp.compiling.incremental import MANIFEST
 from support import ROOT
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -84,7 +86,7 @@ def _assert_v1(root: str, bundle: str, files: dict, outputs: dict) -> None:
 CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from leapp import _publish, lifecycle
+    from leapp.compiling import lifecycle, publish as _publish
     from test_publish import build
 
     def die(*_):
@@ -279,7 +281,7 @@ def test_bundle_holds_the_files_of_its_latest_compile(tmp_path):
 
 def test_start_leaves_the_committed_log_until_a_compile_commits(v1, monkeypatch):
     root, bundle, files, outputs = v1
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
 
     def failing(node, *args, **kwargs):
         raise RuntimeError("export interrupted")
@@ -300,7 +302,7 @@ def test_start_leaves_the_committed_log_until_a_compile_commits(v1, monkeypatch)
 @pytest.mark.parametrize("backend", ["jit", "pt2"])
 def test_validation_runs_the_saved_file(tmp_path, monkeypatch, backend):
     """A file that differs from the in-memory model fails validation."""
-    from leapp import backends
+    from leapp.compiling import backends
     real = backends.export_node
 
     def tampered(node, *args, **kwargs):
@@ -339,7 +341,7 @@ def _chain(root: str, steps: int, backend: str) -> None:
 @pytest.mark.parametrize("backend", ["jit", "jit-trace"])
 @pytest.mark.parametrize("validate", [True, False])
 def test_too_deep_for_torchscript_is_refused(tmp_path, monkeypatch, backend, validate):
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
     monkeypatch.setattr(jit_backend, "MAX_INTERPRETER_DEPTH", 100)
     _chain(str(tmp_path), 60, backend)
     with pytest.raises(RuntimeError) as info:
@@ -351,7 +353,7 @@ def test_too_deep_for_torchscript_is_refused(tmp_path, monkeypatch, backend, val
 
 
 def test_interpreter_depth_follows_the_interpreter():
-    from leapp.backends.jit import interpreter_depth
+    from leapp.compiling.backends.jit import interpreter_depth
 
     class Residual(torch.nn.Module):
         def __init__(self) -> None:
@@ -443,7 +445,7 @@ def test_a_bundle_directory_that_is_a_mount_point_is_refused(small_disk):
 
 def test_trace_check_never_runs_a_graph_too_deep(tmp_path, monkeypatch):
     """torch.jit.trace's check runs the graph: the guard comes first."""
-    import leapp.backends.jit as jit_backend
+    import leapp.compiling.backends.jit as jit_backend
     monkeypatch.setattr(jit_backend, "MAX_INTERPRETER_DEPTH", 100)
     real, checks = torch.jit.trace, []
 

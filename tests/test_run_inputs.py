@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from leapp.inference_manager import InferenceManager
+from leapp.running.inference_manager import InferenceManager
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 

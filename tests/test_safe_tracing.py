@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import leapp
-from leapp import _core, _payload, annotate
+from leapp import _core, annotate
+from leapp.tracing import payload as _payload
 
 
 def _run_in_thread(fn) -> list:
@@ -273,7 +274,7 @@ def test_deepcopy_keeps_requires_grad_and_user_attributes(bundle):
 
 
 def test_traced_tensor_without_a_session_copies_as_plain():
-    from leapp._traced import alias
+    from leapp.tracing.traced import alias
     t = alias(torch.arange(3.0))
     for copied in _roundtrips(t):
         assert type(copied) is torch.Tensor and torch.equal(copied, torch.arange(3.0))

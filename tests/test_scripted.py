@@ -1,7 +1,7 @@
 """TorchScript callables, direct torch.ops calls and random ops inside a node.
 
 A torch.jit.trace-d or torch.jit.script-ed module or function called on a
-traced value runs op by op from its TorchScript graph (leapp._script), so
+traced value runs op by op from its TorchScript graph (leapp.tracing.script), so
 every backend exports what the compiled code computed; each case here is
 exported with every backend, loaded back with InferenceManager and run on new
 inputs against eager.  The rl-games case reproduces rl-games'
@@ -24,7 +24,7 @@ import torch
 
 import leapp
 from leapp import annotate
-from leapp.inference_manager import InferenceManager
+from leapp.running.inference_manager import InferenceManager
 
 BACKENDS = ["jit", "jit-trace", "onnx", "onnx-torchscript", "pt2"]
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import leapp
-from leapp import _threads, annotate
+from leapp import annotate
+from leapp.compiling import threads as _threads
 
 
 @pytest.fixture

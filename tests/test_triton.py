@@ -29,7 +29,7 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2",
                     reason="tritonclient[grpc] is not installed (pip install -e '.[test]')")
 
 from leapp import cli  # noqa: E402
-from leapp.triton import TritonRepositoryError, read_config, write_repository  # noqa: E402
+from leapp.serving.triton import TritonRepositoryError, read_config, write_repository  # noqa: E402
 
 FF_GRAPH, FB_GRAPH, FLEET_GRAPH = "ff_triton", "fb_triton", "fleet_triton"
 FLEET = 8  # robots of the served fleet
@@ -230,18 +230,18 @@ def test_refusals_leave_nothing_behind(bundles, tmp_path):
 
 
 def test_recorded_fused_model_is_served(bundles, tmp_path, monkeypatch):
-    import leapp.fusion
+    import leapp.serving.fusion
     copy = tmp_path / "bundle"
     shutil.copytree(os.path.dirname(bundles["fb"]), copy)
     yaml_path = str(copy / f"{FB_GRAPH}.yaml")
     # recorded under the YAML's 'fused' as leapp.fuse does for a model inside the bundle
     recorded = str(copy / f"{FB_GRAPH}_fused.onnx")
     shutil.copy(bundles["fused"], recorded)
-    leapp.fusion.record(yaml_path, recorded, "onnx")
+    leapp.serving.fusion.record(yaml_path, recorded, "onnx")
 
     def no_second_fuse(*args, **kwargs):
         raise AssertionError("the recorded fused model should have been used")
-    monkeypatch.setattr(leapp.fusion, "fuse", no_second_fuse)
+    monkeypatch.setattr(leapp.serving.fusion, "fuse", no_second_fuse)
     write_repository(yaml_path, str(tmp_path / "repo"), serve_with="python")
     served = tmp_path / "repo" / FB_GRAPH / "1" / "fused.onnx"
     assert served.read_bytes() == open(recorded, "rb").read()
@@ -341,7 +341,7 @@ def test_feed_forward_batched_by_default(bundles, tmp_path):
 
 
 def test_fleet_size_bounds(bundles, tmp_path):
-    from leapp.triton import MAX_FLEET_SIZE
+    from leapp.serving.triton import MAX_FLEET_SIZE
     with pytest.raises(ValueError, match=f"serves at most {MAX_FLEET_SIZE} robots"):
         write_repository(bundles["fleet"], str(tmp_path / "r"), fleet_size=MAX_FLEET_SIZE + 1)
     with pytest.raises(ValueError, match="not both"):
@@ -358,7 +358,7 @@ def server(bundles, tmp_path_factory):
     if under_sanitizer():
         pytest.skip("the ASan preload is inherited by tritonserver and its python stubs; the "
                     "served round trip is checked by the normal run")
-    from leapp.triton_server import TritonServer, TritonUnavailable
+    from leapp.serving.triton_server import TritonServer, TritonUnavailable
     root = tmp_path_factory.mktemp("triton_served")
     served = root / "repository"
     served.mkdir()

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import leapp
-from leapp import _logging, annotate
-from leapp.validation import REENTRY_HINT, validate_models
+from leapp import annotate
+from leapp.bundle import log as _logging
+from leapp.compiling.validation import REENTRY_HINT, validate_models
 
 
 X0 = torch.tensor([[-1.0, 0.5, 2.0], [3.0, -0.25, 1.5]])

@@ -20,7 +20,7 @@ import torch
 import leapp
 from leapp import annotate
 from leapp.cli import main as cli_main
-from leapp.pipeline import Pipeline
+from leapp.bundle.pipeline import Pipeline
 from support import ROOT
 
 PY = sys.executable

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from leapp.pipeline import Pipeline
+from leapp.bundle.pipeline import Pipeline
 from leapp.visualization import draw, layout_pipeline, render_pipeline, style
 
 ROOT = Path(__file__).resolve().parents[1]

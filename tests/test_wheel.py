@@ -86,7 +86,8 @@ def test_wheel_is_manylinux_with_libyaml_vendored(wheel, tools):
     assert any(n.startswith("leapp.libs/libyaml") for n in names), names
     assert any(n.startswith("leapp/_core.") and n.endswith(".so") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    for module in ("leapp/_version.py", "leapp/utils/__init__.py", "leapp/backends/__init__.py",
+    for module in ("leapp/_version.py", "leapp/utils/__init__.py", "leapp/bundle/pipeline.py",
+                   "leapp/compiling/backends/__init__.py", "leapp/serving/triton_model.py",
                    "leapp/py.typed", "leapp/annotate.pyi"):
         assert module in names, module
     assert not any(n.startswith(("tests/", "csrc/", "examples/")) for n in names)

@@ -5,6 +5,6 @@ numeric levels it uses besides the standard ones.
 """
 from __future__ import annotations
 
-from .._logging import FATAL, SECTION, SYSTEM
+from ..bundle.log import FATAL, SECTION, SYSTEM
 
 __all__ = ["SECTION", "SYSTEM", "FATAL"]

@@ -15,8 +15,8 @@ import json
 import os
 from typing import Any, Callable
 
-from .._logging import logger
-from ..pipeline import Pipeline
+from ..bundle.log import logger
+from ..bundle.pipeline import Pipeline
 from .analytics import read_log
 from .opgraph import op_graph
 from .page import render_page

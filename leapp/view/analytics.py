@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._logging import logger
+from ..bundle.log import logger
 
 #: The prefix of a validation analytics line in log.txt.
 TAG = "validation analytics "

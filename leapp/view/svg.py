@@ -7,14 +7,13 @@ import html
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..pipeline import Pipeline
+from ..bundle.pipeline import Pipeline
 from ..visualization import painting
 from ..visualization.fonts import FontT, load_fonts
 from ..visualization.geometry import Point, chain_points, loop_points
 from ..visualization.layers import Chain, Item, Loop
 from ..visualization.layout import Scene, layout_pipeline
-from ..visualization.style import (ARROW_HALF, ARROW_LEN, BACKGROUND, BOLD_ROLES, DASH,
-                                   FONT_SIZES)
+from ..visualization.style import ARROW_HALF, ARROW_LEN, BACKGROUND, BOLD_ROLES, DASH, FONT_SIZES
 
 _ANCHORS = {"l": "start", "m": "middle", "r": "end"}
 FONT_FAMILY = "'DejaVu Sans', Verdana, 'Bitstream Vera Sans', sans-serif"

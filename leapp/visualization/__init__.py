@@ -1,6 +1,6 @@
 """Headless PNG picture of an exported LEAPP pipeline.
 
-`draw` paints a :class:`leapp.pipeline.Pipeline` as a layered, left-to-right
+`draw` paints a :class:`leapp.bundle.pipeline.Pipeline` as a layered, left-to-right
 diagram; `render_pipeline` does the same from the YAML's `models` and
 `pipeline` mappings (read by ``Pipeline.from_document``, the one parser):
 
@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from ..pipeline import Pipeline
+from ..bundle.pipeline import Pipeline
 from .fonts import is_scalable, load_fonts
 from .layout import Scene, layout_pipeline
 from .painting import finish, paint, write_png

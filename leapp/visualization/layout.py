@@ -6,13 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..pipeline import FEEDBACK, FORWARD, Pipeline
+from ..bundle.pipeline import FEEDBACK, FORWARD, Pipeline
 from .fonts import FontT, badge_w, load_fonts, text_w
 from .geometry import Point, loop_points
-from .layers import (Chain, Item, Loop, assign_layers, build_items, group_layers, links_by_layer,
-                     order_layers, split_edges)
-from .placement import (Grid, Wrap, build_grid, choose_columns, collect_wraps, gap_verticals,
-                        loop_bands_and_lanes, place_x, place_y)
+from .layers import Chain, Item, Loop, assign_layers, build_items, group_layers, links_by_layer, order_layers, split_edges
+from .placement import Grid, Wrap, build_grid, choose_columns, collect_wraps, gap_verticals, loop_bands_and_lanes, place_x, place_y
 from .style import HEADER_BLOCK_H, LEGEND_BACKENDS, LEGEND_ENTRIES, MARGIN
 
 

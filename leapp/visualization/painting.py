@@ -9,17 +9,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
-from ..pipeline import Pipeline
+from ..bundle.pipeline import Pipeline
 from .fonts import FontT, badge_text, badge_w, clip, detail_text, port_kind, text_w
 from .geometry import Point, chain_points, dash, loop_points
 from .layers import Item, PortSlot
 from .layout import Scene
-from .style import (ARROW_HALF, ARROW_LEN, BACKGROUND, BADGE_COLORS, BADGE_NONE, BADGE_OTHER,
-                    CARD_BORDER, CARD_FILL, CARD_PAD_X, CARD_SHADOW, DASH, DETAIL_LINE,
-                    EDGE_STYLE, FEEDBACK_COLOR, FORWARD_COLOR, GRAPH_INPUT, GRAPH_OUTPUT,
-                    HEADER_FILL, HEADER_H, INPUT_COLOR, INPUT_FILL, KIND_TEXT, LEGEND_BACKENDS,
-                    LEGEND_ENTRIES, MARGIN, MAX_SIDE, NAME_LINE, OUTPUT_COLOR, OUTPUT_FILL,
-                    PORT_DOT, PORT_PAD, TERMINAL_TIP, TEXT, TEXT_MUTED)
+from .style import ARROW_HALF, ARROW_LEN, BACKGROUND, BADGE_COLORS, BADGE_NONE, BADGE_OTHER, CARD_BORDER, CARD_FILL, CARD_PAD_X, CARD_SHADOW, DASH, DETAIL_LINE, EDGE_STYLE, FEEDBACK_COLOR, FORWARD_COLOR, GRAPH_INPUT, GRAPH_OUTPUT, HEADER_FILL, HEADER_H, INPUT_COLOR, INPUT_FILL, KIND_TEXT, LEGEND_BACKENDS, LEGEND_ENTRIES, MARGIN, MAX_SIDE, NAME_LINE, OUTPUT_COLOR, OUTPUT_FILL, PORT_DOT, PORT_PAD, TERMINAL_TIP, TEXT, TEXT_MUTED
 
 logger = logging.getLogger("leapp")
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from .layers import Chain, Item, Link, Loop
-from .style import (ALIGN_SWEEPS, BAND_PAD, BASE_GAP, GUTTER, LANE, LANE_PAD, MARGIN, MIN_COL_W,
-                    ROW_GAP, TARGET_ASPECT, V_SLOT, WRAP_MAX_COLS, WRAP_MIN_COLS, WRAP_MIN_LAYERS)
+from .style import ALIGN_SWEEPS, BAND_PAD, BASE_GAP, GUTTER, LANE, LANE_PAD, MARGIN, MIN_COL_W, ROW_GAP, TARGET_ASPECT, V_SLOT, WRAP_MAX_COLS, WRAP_MIN_COLS, WRAP_MIN_LAYERS
 
 
 @dataclass

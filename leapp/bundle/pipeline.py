@@ -1,0 +1,561 @@
+"""The pipeline of a bundle as one typed, immutable model.
+
+A bundle's YAML describes a pipeline: nodes with their ports, the edges
+between those ports (forward along ``data_flow``, back along
+``feedback_flow``), the graph's inputs and outputs and the file of initial
+feedback values.  :class:`Pipeline` is that description, checked once:
+``compile_graph`` builds it from the session and writes the YAML from it;
+``InferenceManager``, the picture, ``leapp.fuse``, the Triton repositories
+and the command line read it from the YAML through :meth:`Pipeline.load`,
+and nothing else parses a bundle's wiring.  :func:`split_key` is the one
+parser of ``"node/port"`` keys.
+
+The edges themselves are computed in C (``_core.build_pipeline`` classifies
+each traced connection as forward or feedback while the session's nodes are
+at hand); this module gives them types, the run order and the checks a
+reader needs, which cost nothing on the tracing hot path.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+from .dtypes import SPELLINGS
+from .log import reject
+from .safe_load import BUNDLE_DOCUMENTS, clip, parse_shape, quote
+
+#: Edge kinds.  Forward edges are ``data_flow``; the others are
+#: ``feedback_flow``: between two nodes, from a node to another input of its
+#: own (``self``), or from a declared state to its own input (``state``).
+FORWARD, FEEDBACK, SELF, STATE = "forward", "feedback", "self", "state"
+
+#: The key of graph outputs in ``InferenceManager.value_dict``; no node may be named so.
+OUTPUT_KEY = "==out=="
+
+#: The three YAML documents of a bundle, in file order (defined by the safe reader).
+DOCUMENTS = BUNDLE_DOCUMENTS
+
+#: The formats a bundle's ``fused`` record may name (``leapp.fuse``), each with its file suffix.
+FUSED_FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
+
+_FLOWS = ("data_flow", "feedback_flow", "inputs", "outputs")
+
+#: dtype names a port may carry -> the torch dtype's attribute name (leapp.bundle.dtypes).
+DTYPES: Mapping[str, str] = SPELLINGS
+_PARAMETERS = ("model_path", "md5sum", "sha256sum", "backend")
+
+
+def join_key(node: str, port: str) -> str:
+    """``"node/port"``."""
+    return f"{node}/{port}"
+
+
+def split_key(key: Any, what: str) -> tuple[str, str]:
+    """Split ``"node/port"`` into its two parts, or raise a ValueError naming ``what``."""
+    if not isinstance(key, str):
+        reject(f"Invalid {what} key {quote(key)}: expected a 'node_name/port_name' string")
+    parts = key.split("/")
+    if len(parts) != 2:
+        reason = ("too many values to unpack (expected 2)" if len(parts) > 2
+                  else f"not enough values to unpack (expected 2, got {len(parts)})")
+        reject(f"Invalid {what} key {quote(key)}: {reason}. "
+               "Expected format: node_name/port_name")
+    return parts[0], parts[1]
+
+
+def check_name(name: Any, what: str) -> str:
+    """A node or port name: a non-empty string without ``/``."""
+    if not isinstance(name, str) or not name or "/" in name or name == OUTPUT_KEY:
+        reject(f"Invalid {what} {quote(name)}: expected a non-empty string without '/'")
+    return name
+
+
+def dtype_name(value: Any, where: str) -> str:
+    """The canonical name of a port's dtype (``"torch.float32"`` and ``"float"`` read as
+    ``"float32"``), or a ValueError naming ``where``."""
+    name = None
+    if isinstance(value, str):
+        name = DTYPES.get(value[len("torch."):] if value.startswith("torch.") else value)
+    if name is None:
+        reject(f"Unsupported dtype {quote(value)} for {where}. "
+               f"Supported dtypes: {sorted(DTYPES)}")
+    return name
+
+
+def torch_dtype(value: Any, where: str) -> Any:
+    """The ``torch.dtype`` a port's dtype names (a ``torch.dtype`` passes through)."""
+    import torch
+    if isinstance(value, torch.dtype):
+        return value
+    return getattr(torch, dtype_name(value, where))
+
+
+def _mapping(value: Any, where: str, allow_none: bool = False) -> dict:
+    if value is None and allow_none:
+        return {}
+    if not isinstance(value, dict):
+        reject(f"{where} must be a mapping, got {quote(value)}")
+    return value
+
+
+def _name_list(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if type(value) not in (list, tuple) or not all(type(v) is str and v for v in value):
+        reject(f"{where} must be a list of names, got {quote(value)}")
+    return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _List(tuple):
+    """A frozen list: written back as a block-style list (a tuple is written flow-style)."""
+
+
+def _frozen(value: Any) -> Any:
+    """A read-only deep copy of YAML data (mappings, lists and tuples)."""
+    kind = type(value)
+    if kind is dict:
+        return MappingProxyType({k: v if type(v) in _SCALARS else _frozen(v)
+                                 for k, v in value.items()})
+    if kind is list:
+        return _List([_frozen(v) for v in value])
+    if kind is tuple:
+        return tuple([_frozen(v) for v in value])
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """The plain dicts, lists and tuples ``_frozen`` was given."""
+    kind = type(value)
+    if kind is MappingProxyType or kind is dict:
+        return {k: v if type(v) in _SCALARS else thawed(v) for k, v in value.items()}
+    if kind is _List:
+        return [thawed(v) for v in value]
+    if kind is tuple:
+        return tuple([thawed(v) for v in value])
+    return value
+
+
+def _flow(value: Any) -> Any:
+    """Lists as tuples, nested ones too: YAML writes them on one line."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_flow(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """One input or output of a node: its YAML entry, with name, dtype and shape checked."""
+
+    node: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    entry: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        """``"node/port"``."""
+        return join_key(self.node, self.name)
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The ``torch.dtype`` that ``dtype`` names (a ValueError for an unknown name)."""
+        return torch_dtype(self.dtype, self.key)
+
+    def description(self) -> dict[str, Any]:
+        """A plain copy of the YAML entry, as read."""
+        return thawed(self.entry)
+
+    def to_entry(self) -> dict[str, Any]:
+        """The YAML entry to write (shape and per-axis element names as flow-style lists;
+        element names of any other form are written as given, as upstream does)."""
+        out = thawed(self.entry)
+        out["shape"] = tuple(self.shape)
+        names = out.get("element_names")
+        if isinstance(names, (list, tuple)) and all(
+                item is None or isinstance(item, (str, list, tuple)) for item in names):
+            out["element_names"] = _flow(names)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node: its ports in model order and its ``parameters`` (model file, backend, ...)."""
+
+    name: str
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    parameters: Mapping[str, Any]
+
+    @property
+    def backend(self) -> Any:
+        return self.parameters.get("backend")
+
+    @property
+    def model_path(self) -> Any:
+        return self.parameters.get("model_path")
+
+    @property
+    def input_names(self) -> list[str]:
+        return [p.name for p in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [p.name for p in self.outputs]
+
+    def input(self, name: str) -> Port | None:
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def output(self, name: str) -> Port | None:
+        return next((p for p in self.outputs if p.name == name), None)
+
+    @classmethod
+    def from_entry(cls, name: Any, description: Any) -> "Node":
+        """Check one entry of the YAML's ``models`` mapping."""
+        check_name(name, "node name")
+        is_mapping = type(description) is dict or isinstance(description, Mapping)
+        if not is_mapping or not all(k in description for k in ("inputs", "outputs", "parameters")):
+            keys = list(description.keys()) if is_mapping else description
+            reject("Model description must contain inputs, outputs, and parameters, got "
+                   f"{quote(keys)}")
+        params = description["parameters"]
+        if params is None:
+            params = {}
+        elif type(params) is not dict:
+            _mapping(params, f"'parameters' of node {quote(name)}")
+        if not all(k in params for k in _PARAMETERS):
+            reject("Model description must contain model_path, md5sum, sha256sum, and "
+                   f"backend, got {quote(list(params.keys()))}")
+        return cls(name, _ports(description["inputs"], name, "inputs"),
+                   _ports(description["outputs"], name, "outputs"), _frozen(params))
+
+    def to_entry(self) -> dict[str, Any]:
+        return {"inputs": [p.to_entry() for p in self.inputs],
+                "outputs": [p.to_entry() for p in self.outputs],
+                "parameters": thawed(self.parameters)}
+
+
+def _ports(value: Any, node: str, side: str) -> tuple[Port, ...]:
+    """A node's ``inputs`` or ``outputs``: a list of {name, dtype, shape} mappings."""
+    if not isinstance(value, list):
+        reject(f"'{side}' of node {quote(node)} must be a list of port descriptions, "
+               f"got {quote(value)}")
+    seen: set[str] = set()
+    ports = []
+    for entry in value:
+        if type(entry) is not dict or "name" not in entry or "dtype" not in entry \
+                or "shape" not in entry:
+            reject(f"Each of the {side} of node {quote(node)} must be a mapping with name, "
+                   f"dtype and shape, got {quote(entry)}")
+        name = entry["name"]
+        if type(name) is not str or not name or "/" in name or name == OUTPUT_KEY:
+            check_name(name, f"{side[:-1]} name of node {quote(node)}")
+        if name in seen:
+            reject(f"Node {quote(node)} declares the {side[:-1]} {quote(name)} twice")
+        seen.add(name)
+        where = f"{node}/{name}"
+        shape = parse_shape(entry["shape"], where)
+        dtype = entry["dtype"]
+        if type(dtype) is not str or not dtype:
+            dtype_name(dtype, where)  # raises: a dtype is a name
+        # an unknown name is the reader's call (InferenceManager refuses it, Triton
+        # names its own table): the model keeps what the YAML says
+        ports.append(Port(node, name, dtype, shape, _frozen(entry)))
+    return tuple(ports)
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """A connection from an output port to an input port."""
+
+    src_node: str
+    src_port: str
+    dst_node: str
+    dst_port: str
+    feedback: bool
+
+    @property
+    def source(self) -> str:
+        return join_key(self.src_node, self.src_port)
+
+    @property
+    def target(self) -> str:
+        return join_key(self.dst_node, self.dst_port)
+
+    @property
+    def kind(self) -> str:
+        """FORWARD, FEEDBACK, SELF or STATE."""
+        if not self.feedback:
+            return FORWARD
+        if self.src_node != self.dst_node:
+            return FEEDBACK
+        return STATE if self.src_port == self.dst_port else SELF
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """A bundle's pipeline, checked and read-only.
+
+    ``nodes`` keep the YAML's order; ``run_order`` puts producers before
+    consumers along the forward edges (ties keep YAML order); ``sections``
+    holds the ``pipeline`` document's other keys (``configs``, ...) and
+    ``extra`` any top-level document after the three of every bundle.
+
+    A pipeline built by ``compile_graph`` (:meth:`from_compile`) copies the
+    documents it is given, builds its typed fields from that copy at once
+    (without the reader's checks: the session checked its wiring as it was
+    traced) and writes the copy as it is.  Every pipeline is complete and
+    read-only from construction on; none is filled in later.
+    """
+
+    nodes: Mapping[str, Node]
+    edges: tuple[Edge, ...]
+    inputs: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
+    run_order: tuple[str, ...]
+    initial_values: str | None
+    sections: Mapping[str, Any]
+    system_information: Mapping[str, Any]
+    extra: Mapping[str, Any]
+    # the documents a compiled pipeline writes (its own copy); None for one read from YAML
+    _documents: tuple[dict[str, Any], ...] | None = field(default=None, repr=False,
+                                                          compare=False)
+
+    @classmethod
+    def from_compile(cls, models: dict[str, Any], section: dict[str, Any],
+                     system_information: dict[str, Any]) -> "Pipeline":
+        """The pipeline ``compile_graph`` traced, from the documents it built.
+
+        The documents are copied (the caller's stay as they are): each port
+        entry and parameter mapping, with shapes and flows as flow-style lists,
+        as YAML writes them; the values inside a port entry (semantic fields)
+        are shared, never written.  Ports and edges were checked as they were
+        traced, so the typed fields are built from the copy without the
+        reader's checks: a 200-node compile pays for copies, not for parsing.
+        """
+        own_models: dict[str, Any] = {}
+        nodes: dict[str, Node] = {}
+        for name, entry in models.items():
+            inputs = [{**port, "shape": tuple(port["shape"])} for port in entry["inputs"]]
+            outputs = [{**port, "shape": tuple(port["shape"])} for port in entry["outputs"]]
+            parameters = dict(entry["parameters"])
+            own_models[name] = {**entry, "inputs": inputs, "outputs": outputs,
+                                "parameters": parameters}
+            nodes[name] = Node(name, _compiled_ports(name, inputs),
+                               _compiled_ports(name, outputs), MappingProxyType(parameters))
+        own_section = {key: {k: tuple(v) for k, v in value.items()} if key in _FLOWS else value
+                       for key, value in section.items()}
+        edges = tuple(
+            Edge(*split_key(source, "pipeline source"), *split_key(target, "pipeline target"),
+                 feedback=(key == "feedback_flow"))
+            for key in ("data_flow", "feedback_flow")
+            for source, targets in own_section.get(key, {}).items() for target in targets)
+        terminals = {key: tuple((node, port) for node, ports in own_section.get(key, {}).items()
+                                for port in ports) for key in ("inputs", "outputs")}
+        others = {k: v for k, v in own_section.items()
+                  if k not in _FLOWS and k != "initial_values"}
+        return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
+                   _run_order(nodes, edges), own_section.get("initial_values"),
+                   _frozen(others), _frozen(system_information), MappingProxyType({}),
+                   ({"models": own_models}, {"pipeline": own_section},
+                    {"system information": dict(system_information)}))
+
+    # ---- reading ----------------------------------------------------------
+
+    @classmethod
+    def load(cls, yaml_path: str) -> "Pipeline":
+        """Read and check the bundle YAML at ``yaml_path`` (see ``leapp.bundle.safe_load.load_yaml``)."""
+        from .safe_load import load_yaml
+        return cls.from_document(load_yaml(yaml_path))
+
+    @classmethod
+    def from_document(cls, description: Any, check_wiring: bool = True) -> "Pipeline":
+        """Check the YAML's documents (a mapping of them) and build the model.
+
+        Raises ValueError naming the section, node or key at fault.  With
+        ``check_wiring`` (readers), every edge and graph port must name ports
+        that exist with equal shapes and dtypes and every output must be
+        routed; ``compile_graph`` skips it, its wiring being checked as traced.
+        """
+        if not isinstance(description, dict) or not all(k in description for k in DOCUMENTS):
+            keys = list(description.keys()) if isinstance(description, dict) else description
+            reject("Leapp description file must contain models, pipeline, and "
+                   f"system_info, got {quote(keys)}")
+        models = _mapping(description["models"], "Section 'models'")
+        section = _mapping(description["pipeline"], "Section 'pipeline'")
+        system = _mapping(description["system information"], "Section 'system information'")
+        for name in models:
+            check_name(name, "node name")
+        flows = {}
+        for key in _FLOWS:
+            where = f"pipeline {key}"
+            flow = _mapping(section.get(key), f"Section '{where}'", allow_none=True)
+            for source, targets in flow.items():
+                if not isinstance(source, str):
+                    reject(f"Invalid {where} key {quote(source)}: expected a string")
+                _name_list(targets, f"{where} entry {quote(source)}")
+            flows[key] = flow
+        initial = section.get("initial_values")
+        if initial is not None and not isinstance(initial, str):
+            reject(f"pipeline initial_values must be a file name, got {quote(initial)}")
+        nodes = {name: Node.from_entry(name, entry) for name, entry in models.items()}
+        edges = tuple(
+            Edge(*split_key(source, "pipeline source"), *split_key(target, "pipeline target"),
+                 feedback=(key == "feedback_flow"))
+            for key in ("data_flow", "feedback_flow")
+            for source, targets in flows[key].items() for target in targets or [])
+        terminals = {key: tuple((node, port) for node, ports in flows[key].items()
+                                for port in ports or []) for key in ("inputs", "outputs")}
+        if check_wiring:
+            _check_wiring(nodes, edges, terminals["inputs"], terminals["outputs"])
+        others = {k: v for k, v in section.items() if k not in _FLOWS and k != "initial_values"}
+        return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
+                   _run_order(nodes, edges), initial, _frozen(others), _frozen(system),
+                   _frozen({k: v for k, v in description.items() if k not in DOCUMENTS}))
+
+    # ---- queries ----------------------------------------------------------
+
+    def forward_edges(self) -> Iterator[Edge]:
+        return (e for e in self.edges if not e.feedback)
+
+    def feedback_edges(self) -> Iterator[Edge]:
+        return (e for e in self.edges if e.feedback)
+
+    def port(self, node: str, port: str, side: str) -> Port | None:
+        """The input (``side="inputs"``) or output port ``node/port``, or None."""
+        found = self.nodes.get(node)
+        if found is None:
+            return None
+        return found.input(port) if side == "inputs" else found.output(port)
+
+    def input_keys(self) -> list[str]:
+        return [join_key(n, p) for n, p in self.inputs]
+
+    def output_keys(self) -> list[str]:
+        return [join_key(n, p) for n, p in self.outputs]
+
+    # ---- writing ----------------------------------------------------------
+
+    def to_documents(self) -> list[dict[str, Any]]:
+        """The YAML's documents, as ``_core.emit_yaml`` writes them."""
+        documents = [{"models": {name: node.to_entry() for name, node in self.nodes.items()}},
+                     {"pipeline": self.pipeline_section()},
+                     {"system information": thawed(self.system_information)}]
+        documents += [{key: thawed(value)} for key, value in self.extra.items()]
+        return documents
+
+    def pipeline_section(self) -> dict[str, Any]:
+        """The ``pipeline`` document (flows and graph ports as flow-style lists)."""
+        if self._documents is not None:  # flows hold tuples: a shallow copy is the caller's own
+            return {k: dict(v) if k in _FLOWS else thawed(_frozen(v))
+                    for k, v in self._documents[1]["pipeline"].items()}
+        section: dict[str, Any] = {}
+        if "configs" in self.sections:
+            section["configs"] = thawed(self.sections["configs"])
+        for key, feedback in (("data_flow", False), ("feedback_flow", True)):
+            flow: dict[str, list[str]] = {}
+            for edge in self.edges:
+                if edge.feedback == feedback:
+                    flow.setdefault(edge.source, []).append(edge.target)
+            section[key] = {k: tuple(v) for k, v in flow.items()}
+        if self.initial_values is not None:
+            section["initial_values"] = self.initial_values
+        for key, terminals in (("inputs", self.inputs), ("outputs", self.outputs)):
+            grouped: dict[str, list[str]] = {}
+            for node, port in terminals:
+                grouped.setdefault(node, []).append(port)
+            section[key] = {k: tuple(v) for k, v in grouped.items()}
+        section.update({k: thawed(v) for k, v in self.sections.items() if k != "configs"})
+        return section
+
+    def to_yaml(self) -> str:
+        """The bundle YAML's text."""
+        from .. import _core
+        if self._documents is not None:
+            return _core.emit_yaml(list(self._documents))
+        return _core.emit_yaml(self.to_documents())
+
+
+def _compiled_ports(node: str, entries: list[dict[str, Any]]) -> tuple[Port, ...]:
+    """A compiled node's ports over their (copied) entries, read-only."""
+    return tuple(Port(node, e["name"], e["dtype"], e["shape"], MappingProxyType(e))
+                 for e in entries)
+
+
+def _check_wiring(nodes: Mapping[str, Node], edges: tuple[Edge, ...],
+                  inputs: tuple[tuple[str, str], ...],
+                  outputs: tuple[tuple[str, str], ...]) -> None:
+    """Every edge and graph port names existing ports that agree; every output is routed."""
+    for node, name in inputs:
+        if node not in nodes or nodes[node].input(name) is None:
+            reject(f"Pipeline input {quote(join_key(node, name))} does not match any node "
+                   f"input. Available nodes: {quote(list(nodes))}")
+    for node, name in outputs:
+        if node not in nodes or nodes[node].output(name) is None:
+            reject(f"Pipeline output {quote(join_key(node, name))} does not match any node "
+                   f"output. Available nodes: {quote(list(nodes))}")
+    routed = {(e.src_node, e.src_port) for e in edges} | set(outputs)
+    for name, node in nodes.items():
+        missing = [p.name for p in node.outputs if (name, p.name) not in routed]
+        if missing:
+            reject(f"Node {quote(name)} has unroutable outputs: {quote(missing)}. Every model "
+                   "output must appear in pipeline data_flow, feedback_flow, or pipeline "
+                   "outputs. This may indicate the YAML was edited manually and is "
+                   "inconsistent with the exported model.")
+    for edge in edges:
+        source = nodes.get(edge.src_node)
+        if source is None:
+            reject(f"Source node {quote(edge.src_node)} not found in models")
+        out = source.output(edge.src_port)
+        if out is None:
+            reject(f"Source output {quote(edge.src_port)} not found in node "
+                   f"{quote(edge.src_node)}. Available outputs: {quote(source.output_names)}")
+        target = nodes.get(edge.dst_node)
+        if target is None:
+            reject(f"Target node {quote(edge.dst_node)} not found in models")
+        inp = target.input(edge.dst_port)
+        if inp is None:
+            reject(f"Target input {quote(edge.dst_port)} not found in node "
+                   f"{quote(edge.dst_node)}. Available inputs: {quote(target.input_names)}")
+        src_key, dst_key = clip(edge.source), clip(edge.target)
+        if list(out.shape) != list(inp.shape):
+            reject(f"Shape mismatch in pipeline connection: {src_key} "
+                   f"{tuple(out.shape)} -> {dst_key} {tuple(inp.shape)}")
+        if out.torch_dtype != inp.torch_dtype:
+            reject(f"Dtype mismatch in pipeline connection: {src_key} {out.torch_dtype} "
+                   f"-> {dst_key} {inp.torch_dtype}")
+
+
+def _run_order(nodes: Mapping[str, Node], edges: tuple[Edge, ...]) -> tuple[str, ...]:
+    """Producers before consumers along forward edges; ties keep YAML order."""
+    names = list(nodes)
+    rank = {name: i for i, name in enumerate(names)}
+    successors: dict[str, set[str]] = {name: set() for name in names}
+    pending = dict.fromkeys(names, 0)
+    for edge in edges:
+        src, dst = edge.src_node, edge.dst_node
+        if edge.feedback or src == dst or src not in rank or dst not in rank:
+            continue
+        if dst not in successors[src]:
+            successors[src].add(dst)
+            pending[dst] += 1
+    ready = [rank[name] for name in names if pending[name] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = names[heapq.heappop(ready)]
+        order.append(name)
+        for nxt in successors[name]:
+            pending[nxt] -= 1
+            if pending[nxt] == 0:
+                heapq.heappush(ready, rank[nxt])
+    if len(order) != len(names):
+        cycle = [name for name in names if pending[name] > 0]
+        reject(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
+               "listed under feedback_flow")
+    return tuple(order)

@@ -1,0 +1,239 @@
+"""ONNX backends: onnx-dynamo (torch.onnx.export(dynamo=True)) and onnx-torchscript.
+
+The ONNX graph's input and output names are the node's YAML port names, in
+YAML order.  A name that is both an input and an output of the node (a state
+port) becomes `<name>_in` / `<name>_out`, and the new names are returned so the
+YAML, the wiring and the initial values follow.  Inputs the exporter removed
+are reported and returned as dropped; inputs it renamed are an error.
+
+Validation runs the saved file through InferenceManager's loader.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Sequence
+
+import torch
+
+from .. import export_caches as _export_caches
+from ...bundle.log import logger
+from . import ExportContext, Exported, prepare_inputs
+
+# Initialisers above this many bytes go to <node>.onnx.data (protobuf caps a
+# single file at 2 GB).
+EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
+
+
+def default_opset() -> int:
+    """The opset torch exports by default (and that the YAML records)."""
+    from torch.onnx import _constants
+    return int(_constants.ONNX_DEFAULT_OPSET)
+
+
+def deduplicate_names(node: str, input_names: list[str],
+                      output_names: list[str]) -> tuple[list[str], list[str]]:
+    """Rename names used on both sides to <name>_in / <name>_out."""
+    shared = set(input_names) & set(output_names)
+    if not shared:
+        return list(input_names), list(output_names)
+    taken = set(input_names) | set(output_names)
+    for name in sorted(shared):
+        clash = [new for new in (f"{name}_in", f"{name}_out") if new in taken]
+        if clash:
+            raise ValueError(
+                f"[{node}] '{name}' is both an input and an output, so the ONNX export names "
+                f"them '{name}_in' and '{name}_out', but {clash} is already a port name of "
+                f"this node. Rename that port.")
+    inputs = [f"{n}_in" if n in shared else n for n in input_names]
+    outputs = [f"{n}_out" if n in shared else n for n in output_names]
+    return inputs, outputs
+
+
+def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
+           example_inputs: list[torch.Tensor], input_names: list[str],
+           output_names: list[str], out_dir: str, context: ExportContext) -> Exported:
+    """Export the node's GraphModule to <out_dir>/<node>.onnx."""
+    import onnx
+
+    inputs = tuple(prepare_inputs(example_inputs))
+    module = module.eval()
+    input_names, output_names = deduplicate_names(node, input_names, output_names)
+    opset = params.get("opset_version")
+    opset = default_opset() if opset is None else int(opset)
+    with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
+        if name == "onnx-dynamo":
+            proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
+                                   params, context.verbose)
+        else:
+            proto = _export_torchscript(module, inputs, input_names, output_names, opset,
+                                        params, os.path.join(tmp, "model.onnx"),
+                                        context.verbose)
+        dropped = _sync_inputs(node, proto, input_names)
+        _sync_outputs(node, proto, output_names)
+        path = os.path.join(out_dir, f"{node}.onnx")
+        save_model(proto, path, f"{node}.onnx.data")
+    del proto
+    try:
+        onnx.checker.check_model(path)
+    except Exception as exc:  # the file is still useful; the runtime decides
+        logger.warning("ONNX model validation warning (model still saved): %s", exc)
+    # No session here: validation loads the saved file the way InferenceManager does.
+    return Exported(model=None, path=path, yaml_backend="onnx",
+                    input_names=input_names, output_names=output_names,
+                    parameters={"opset_version": opset}, dropped_inputs=dropped)
+
+
+def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
+                   input_names: list[str], output_names: list[str], opset: int,
+                   params: dict, verbose: bool) -> Any:
+    """torch.onnx.export(dynamo=True) (its registry and tables built once per
+    process: leapp.compiling.export_caches), then name the graph's inputs and outputs.
+
+    The names are set here rather than by the exporter, which renames values in
+    place and so can collide with the exporter's own value names (an output
+    called 'add' or 'gt' next to the Add / Greater node's result).
+    """
+    program = _export_caches.export_dynamo(
+        module, inputs, opset=opset, verbose=verbose,
+        verify=bool(params.get("verify", False)), optimize=bool(params.get("optimize", True)),
+        report=bool(params.get("report", False)))
+    placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+    _name_ir_graph(node, program.model.graph, placeholders, input_names, output_names)
+    return program.model_proto
+
+
+def _name_ir_graph(node: str, graph: Any, placeholders: list[str], input_names: list[str],
+                   output_names: list[str]) -> None:
+    """Give the onnx_ir graph's inputs and outputs the node's port names."""
+    import onnx_ir as ir
+
+    graph_inputs = list(graph.inputs)
+    if len(graph_inputs) == len(input_names):  # every input kept: positional
+        wanted = dict(zip(graph_inputs, input_names))
+    else:
+        by_placeholder = dict(zip(placeholders, input_names))
+        unknown = [v.name for v in graph_inputs if v.name not in by_placeholder]
+        if unknown:
+            missing = [n for p, n in by_placeholder.items()
+                       if p not in {v.name for v in graph_inputs}]
+            _renamed_error(node, missing, unknown)
+        wanted = {v: by_placeholder[v.name] for v in graph_inputs}
+    if len(graph.outputs) != len(output_names):
+        raise RuntimeError(f"[{node}] ONNX export produced {len(graph.outputs)} outputs but the "
+                           f"node declares {len(output_names)}: {output_names}")
+    for index, value in enumerate(list(graph.outputs)):
+        if value in wanted:  # an input returned as is, or one value returned twice
+            identity = ir.Node("", "Identity", inputs=[value], num_outputs=1)
+            graph.append(identity)
+            value = identity.outputs[0]
+            graph.outputs[index] = value
+        wanted[value] = output_names[index]
+    names: dict[str, Any] = {}
+    for value in list(graph.inputs) + list(graph.initializers.values()):
+        names[value.name] = value
+    for ir_node in ir.traversal.RecursiveGraphIterator(graph):
+        for value in ir_node.outputs:
+            names[value.name] = value
+    for value, name in wanted.items():
+        holder = names.get(name)
+        if holder is not None and holder is not value:
+            k = 1
+            while f"{name}_{k}" in names:
+                k += 1
+            names.pop(name)
+            holder.name = f"{name}_{k}"
+            names[holder.name] = holder
+        names.pop(value.name, None)
+        value.name = name
+        names[name] = value
+
+
+def _renamed_error(node: str, missing: list[str], renamed: list[str]) -> None:
+    raise RuntimeError(
+        f"[{node}] ONNX export renamed inputs: {missing} became {renamed}. This typically "
+        f"happens with identity/passthrough functions with onnx-dynamo: an input returned "
+        f"unchanged takes the output's name. Compute the output from the input (e.g. "
+        f"x.clone()) or export this node with export_with='onnx-torchscript' or 'jit'.")
+
+
+def _export_torchscript(module: torch.nn.Module, inputs: tuple, input_names: list[str],
+                        output_names: list[str], opset: int, params: dict,
+                        tmp_path: str, verbose: bool) -> Any:
+    import onnx
+
+    model: Any = module
+    if params.get("prescript"):
+        from .jit import torchscript_enabled
+        with torchscript_enabled():
+            model = torch.jit.script(module)
+    torch.onnx.export(model, inputs, tmp_path, dynamo=False, input_names=input_names,
+                      output_names=output_names, opset_version=opset,
+                      verbose=verbose or bool(params.get("report", False)))
+    return onnx.load(tmp_path)
+
+
+def _graph_inputs(proto: Any) -> list[str]:
+    initializers = {t.name for t in proto.graph.initializer}
+    return [v.name for v in proto.graph.input if v.name not in initializers]
+
+
+def _reorder(values: Any, order: Sequence[str]) -> None:
+    """Put the repeated ValueInfo field `values` in `order` (others keep their place after)."""
+    rank = {name: i for i, name in enumerate(order)}
+    items = list(values)
+    items.sort(key=lambda v: rank.get(v.name, len(rank)))
+    copies = [type(v)() for v in items]
+    for copy, item in zip(copies, items):
+        copy.CopyFrom(item)
+    del values[:]
+    values.extend(copies)
+
+
+def _sync_inputs(node: str, proto: Any, input_names: list[str]) -> list[str]:
+    """Check the exported graph's inputs against the node's; returns those it dropped."""
+    actual = _graph_inputs(proto)
+    renamed = [n for n in actual if n not in input_names]
+    if renamed:
+        _renamed_error(node, [n for n in input_names if n not in actual], renamed)
+    dropped = [n for n in input_names if n not in actual]
+    if dropped:
+        logger.warning("[%s] ONNX export optimized away %d inputs: %s. They do not affect the "
+                       "outputs and are removed from the node's inputs in the YAML.",
+                       node, len(dropped), dropped)
+    _reorder(proto.graph.input, input_names)
+    return dropped
+
+
+def _sync_outputs(node: str, proto: Any, output_names: list[str]) -> None:
+    actual = [v.name for v in proto.graph.output]
+    if sorted(actual) != sorted(output_names):
+        raise RuntimeError(
+            f"[{node}] ONNX export produced outputs {actual} but the node declares "
+            f"{output_names}. Export this node with another backend or return distinct "
+            f"computed tensors.")
+    _reorder(proto.graph.output, output_names)
+
+
+def _initializer_bytes(proto: Any) -> int:
+    total = 0
+    for tensor in proto.graph.initializer:
+        if tensor.raw_data:
+            total += len(tensor.raw_data)
+        else:
+            total += 8 * max(len(tensor.float_data), len(tensor.int32_data),
+                             len(tensor.int64_data), len(tensor.double_data),
+                             len(tensor.uint64_data))
+    return total
+
+
+def save_model(proto: Any, path: str, data_name: str) -> None:
+    """Save proto to path; initialisers over EXTERNAL_DATA_THRESHOLD bytes in all go to
+    data_name beside it (a node's model and the fused model alike)."""
+    import onnx
+
+    if _initializer_bytes(proto) > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    else:
+        onnx.save_model(proto, path)

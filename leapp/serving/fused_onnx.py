@@ -1,0 +1,241 @@
+"""The ONNX fused model: every node's model (exported ONNX as is, TorchScript and pt2
+converted) inlined into one graph wired by the plan.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+
+from ..bundle.dtypes import onnx_type
+from ..bundle.safe_load import quote
+from ..compiling.backends.load import load
+from .fused_plan import METADATA_KEY, FuseError, Plan, fail, logger
+
+
+def _ai_onnx_opset(model: Any) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 0
+
+
+def example_inputs(entry: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.zeros(shape, dtype=dtype)
+                 for shape, dtype in zip(entry.input_shapes, entry.input_dtypes))
+
+
+def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
+    """One node as an ONNX model: (model, graph input per YAML input, graph outputs)."""
+    import onnx
+
+    from ..compiling.backends.onnx import default_opset
+
+    backend = entry.backend
+    model: Any = None
+    if backend == "onnx":
+        model = onnx.load(entry.model_path)
+        graph_inputs = _graph_input_names(model)
+        if set(graph_inputs) <= set(entry.input_names):  # by name (the loader's rule)
+            mapping: list[str | None] = [n if n in graph_inputs else None
+                                         for n in entry.input_names]
+        else:  # positional
+            mapping = list(graph_inputs) + [None] * (len(entry.input_names) - len(graph_inputs))
+        return model, mapping, [o.name for o in model.graph.output]
+    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
+    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
+    args = example_inputs(entry)
+    program: Any = None
+    if backend == "jit":
+        module = load("jit", entry.model_path, device="cpu")[0]
+    else:
+        from ..bundle.pt2_reader import load_pt2
+        program = load_pt2(entry.model_path)
+        module = traced_pt2(program, args) if not has_control_flow(program) else None
+    if module is not None:
+        try:
+            model = _torchscript_onnx(module, args, in_names, out_names,
+                                      min(opset, default_opset()))
+        except Exception as exc:
+            # an op the TorchScript exporter lacks (aten::gru_cell): through
+            # torch.export, whose decompositions the dynamo exporter covers
+            logger.debug("Node %s: TorchScript ONNX export failed (%s); using the dynamo "
+                         "exporter", name, exc)
+            if program is None:
+                from torch._export.converter import TS2EPConverter
+                program = TS2EPConverter(module, args).convert()
+    if model is None:
+        # torch.cond / while_loop, or a converted TorchScript graph: the dynamo exporter
+        exported: Any = torch.onnx.export(program, args, None, dynamo=True,
+                                          opset_version=opset, input_names=in_names,
+                                          output_names=out_names, optimize=True, verbose=False)
+        model = exported.model_proto
+    graph_inputs = _graph_input_names(model)
+    mapping = [n if n in graph_inputs else None for n in in_names]
+    outputs = [o.name for o in model.graph.output]
+    return model, mapping, outputs
+
+
+def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
+                      out_names: list[str], opset: int) -> Any:
+    """TorchScript's exporter: a straight-line graph exports in milliseconds."""
+    import onnx
+    with tempfile.TemporaryDirectory(prefix="leapp-fuse-") as tmp, warnings.catch_warnings():
+        # the exporter warns that a ScriptModule's inputs are taken as given
+        warnings.simplefilter("ignore", UserWarning)
+        path = os.path.join(tmp, "node.onnx")
+        torch.onnx.export(module, args, path, dynamo=False, input_names=in_names,
+                          output_names=out_names, opset_version=opset)
+        return onnx.load(path)
+
+
+def has_control_flow(program: Any) -> bool:
+    """Whether a torch.export program holds higher-order ops (cond, while_loop, ...).
+
+    Tracing runs one branch of those; a straight-line aten graph (what leapp's
+    pt2 backend writes) traces exactly.
+    """
+    return any(node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+               for node in program.graph.nodes)
+
+
+def traced_pt2(program: Any, args: tuple[torch.Tensor, ...]) -> Any:
+    """A straight-line torch.export program as TorchScript (traced once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.jit.trace(program.module(), args, check_trace=False, strict=False)
+
+
+def _graph_input_names(model: Any) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in initializers]
+
+
+def _to_opset(name: str, model: Any, opset: int) -> Any:
+    current = _ai_onnx_opset(model)
+    if current == opset or current == 0:
+        return model
+    import onnx.version_converter
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:
+        fail(f"Node {quote(name)}: its ONNX model uses opset {current} and the fused model "
+              f"needs opset {opset}; converting failed ({type(exc).__name__}: "
+              f"{quote(str(exc))}). Re-export the node with opset_version={opset}.")
+    raise AssertionError("unreachable")
+
+
+def _node_model(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
+    """_node_onnx, its failures refused with the node's name and the fix."""
+    try:
+        return _node_onnx(name, entry, opset)
+    except FuseError:
+        raise
+    except Exception as exc:
+        fail(f"Node {quote(name)} ({entry.backend}, {quote(entry.model_path)}) could not "
+              f"be converted to ONNX for the fused model: {type(exc).__name__}: "
+              f"{quote(' '.join(str(exc).split()), 400)}. Export the node with "
+              "export_with='onnx' and compile again"
+              + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
+
+
+def build_onnx(the_plan: Plan, manager: Any) -> Any:
+    """The fused ``onnx.ModelProto`` for ``the_plan``."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ..compiling.backends.onnx import default_opset
+
+    onnx_opsets = [0]
+    for name in the_plan.order:
+        entry = manager.nodes[name]
+        if entry.backend == "onnx":
+            onnx_opsets.append(_ai_onnx_opset(onnx.load(entry.model_path,
+                                                         load_external_data=False)))
+    opset = max(max(onnx_opsets), default_opset())
+
+    nodes: list[Any] = []
+    initializers: list[Any] = []
+    value_infos: list[Any] = []
+    functions: list[Any] = []
+    opsets: dict[str, int] = {"": opset}
+    ir_version = 0
+    produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
+    models = [_node_model(name, manager.nodes[name], opset) for name in the_plan.order]
+    # An exporter may write a newer opset than asked for (torch 2.7's dynamo
+    # exporter writes 18 at the least): the fused model takes the newest one,
+    # since converting up is what the ONNX version converter does reliably.
+    opset = opsets[""] = max([opset] + [_ai_onnx_opset(m[0]) for m in models])
+    for index, (name, (model, in_map, out_names)) in enumerate(zip(the_plan.order, models)):
+        entry = manager.nodes[name]
+        model = _to_opset(name, model, opset)
+        if len(out_names) != len(entry.output_names):
+            fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
+                  f"declares {len(entry.output_names)} ({quote(entry.output_names)}).")
+        prefix = f"n{index}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}::"
+        model = onnx.compose.add_prefix(model, prefix)
+        graph = model.graph
+        ir_version = max(ir_version, model.ir_version)
+        for entry_opset in model.opset_import:
+            domain = "" if entry_opset.domain == "ai.onnx" else entry_opset.domain
+            if domain:
+                opsets[domain] = max(opsets.get(domain, 0), int(entry_opset.version))
+        for port, graph_input in zip(entry.input_names, in_map):
+            if graph_input is None:
+                continue  # the exporter dropped it: nothing reads it
+            kind, what = the_plan.feeds[name][port]
+            target = prefix + graph_input
+            if kind in ("input", "state"):
+                source = what
+            elif kind == "node":
+                source = produced[what]
+            else:
+                source = f"leapp::constant::{index}::{port}"  # outside every prefix
+                initializers.append(numpy_helper.from_array(what.numpy(), source))
+            nodes.append(helper.make_node("Identity", [source], [target],
+                                          name=f"{prefix}feed::{port}"))
+        nodes.extend(graph.node)
+        initializers.extend(graph.initializer)
+        value_infos.extend(graph.value_info)
+        functions.extend(model.functions)
+        for port, out in zip(entry.output_names, out_names):
+            produced[(name, port)] = prefix + out
+
+    outputs = []
+    for port, source in zip(the_plan.outputs, the_plan.outputs_from):
+        nodes.append(helper.make_node("Identity", [produced[source]], [port.name],
+                                      name=f"output::{port.name}"))
+        outputs.append(port)
+    for state in the_plan.states:
+        nodes.append(helper.make_node("Identity", [produced[state.source]], [state.output],
+                                      name=f"state::{state.output}"))
+
+    def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        return helper.make_tensor_value_info(name, onnx_type(dtype), list(shape))
+
+    graph = helper.make_graph(
+        nodes, f"{the_plan.pipeline}_fused",
+        [info(p.name, p.dtype, p.shape) for p in the_plan.inputs]
+        + [info(s.input, s.dtype, s.shape) for s in the_plan.states],
+        [info(p.name, p.dtype, p.shape) for p in outputs]
+        + [info(s.output, s.dtype, s.shape) for s in the_plan.states],
+        initializer=initializers, value_info=value_infos)
+    fused = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+        functions=functions, producer_name="leapp.fuse")
+    fused.ir_version = max(ir_version, 8)
+    helper.set_model_props(fused, {METADATA_KEY: json.dumps(the_plan.metadata())})
+    return fused
+
+
+def save_onnx(model: Any, path: str, final: str) -> None:
+    """Save to path; large weights go beside it as <final's name>.data."""
+    from ..compiling.backends.onnx import save_model
+    save_model(model, path, os.path.basename(final) + ".data")
+
+

@@ -1,0 +1,45 @@
+"""The facade's data about one traced node, kept in ``Node.info["leapp"]``.
+
+Its own module so that the session (``_session``) and the helpers it drives
+(``_buffers``) both read it without importing each other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _core
+
+
+@dataclass
+class NodeInfo:
+    """Per-node facade data kept in Node.info['leapp']."""
+
+    export_with: str | None = None
+    backend_params: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)          # name -> input Port
+    state_updates: dict = field(default_factory=dict)   # name -> traced value
+    trackers: list = field(default_factory=list)        # module buffer trackers
+    graph_module: Any = None
+    live_ops: list = field(default_factory=list)        # op indices reaching outputs
+    origins: set = field(default_factory=set)           # where pass 1 declared inputs
+    pending: dict = field(default_factory=dict)         # re-entry sample in progress
+    samples: int = 0                                    # cached re-entry samples
+    declared: list = field(default_factory=list)        # (input name, weakref to tensor)
+    input_aliases: dict = field(default_factory=dict)   # second name of a buffer -> port
+    guards: dict = field(default_factory=dict)          # (file, line) -> _guards.Guard, pass 1
+    passes: int = 1                                     # traced passes seen (re-entries + 1)
+    shadow: Any = None                                  # this later pass's shadow Node
+    reentry_of: Any = None                              # of a shadow: the node it re-traces
+    guard_counts: dict = field(default_factory=dict)    # of a shadow: (file, line) -> count
+    random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
+
+    def declared_inputs(self) -> list:
+        """(name, tensor) of the declared inputs whose tensors are still alive."""
+        alive = [(name, ref()) for name, ref in self.declared]
+        return [(name, t) for name, t in alive if t is not None]
+
+
+def info(node: _core.Node) -> NodeInfo:
+    """The facade's data of a Node."""
+    return node.info["leapp"]

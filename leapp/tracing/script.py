@@ -1,0 +1,259 @@
+"""TorchScript callables inside a node: traced through, op by op.
+
+A ``torch.jit.script``-ed or ``torch.jit.trace``-d module or function runs in
+TorchScript's interpreter, where the tracer cannot see its ops: recorded as
+one call it would be a ScriptMethod in the node's graph, which no exporter
+takes.  Instead the callable's own TorchScript graph (calls inlined) is run
+here node by node on the traced arguments, so each ``aten`` op goes through
+the core's handler like any torch op and the exported node computes what the
+compiled code computed.  Control flow follows the values (a branch on a
+traced value is a guard, as in Python code); module attributes are read from
+the scripted module; in-place ``aten`` ops are recorded functionally.
+
+A ScriptMethod call with a traced argument reaches the core's handler (torch
+dispatches ``__torch_function__`` for it), whose op kind ``OP_SCRIPTED``
+calls :func:`trace_through`.  A ScriptFunction call does not dispatch, so
+while a session runs ``ScriptFunction.__call__`` is patched
+(:func:`patches`, installed by ``leapp.tracing.patching``).  A graph instruction
+this interpreter does not know is refused at the call, naming the callable,
+the user's file and line, and the fix.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import _core
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+SCRIPT_TYPES = (torch._C.ScriptMethod, torch._C.ScriptFunction)
+
+
+class UnsupportedScript(NotImplementedError):
+    """A TorchScript instruction the interpreter cannot trace through."""
+
+
+def user_site() -> tuple[str, int]:
+    """(file, line) of the nearest frame outside leapp and torch."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(_PACKAGE_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)):
+            return (frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return ("<unknown>", 0)
+
+
+def describe(func: Any) -> str:
+    """'torch.jit.script-ed function foo' and the like, for messages."""
+    if isinstance(func, torch._C.ScriptMethod):
+        owner = func.owner
+        qual = owner._type().qualified_name() if hasattr(owner, "_type") else "module"
+        return f"TorchScript method {qual.replace('__torch__.', '')}.{func.name}"
+    return f"TorchScript function {getattr(func, 'name', func)}"
+
+
+def _owner_attr(obj: Any, name: str) -> Any:
+    getter = getattr(obj, "getattr", None)
+    if getter is not None and callable(getter) and not isinstance(obj, torch.nn.Module):
+        return getter(name)
+    return getattr(obj, name)
+
+
+def _operator(node: torch._C.Node) -> Callable:
+    """The torch.ops overload a graph node calls (its packet when unresolvable)."""
+    kind = node.kind()
+    namespace, name = kind.split("::", 1)
+    packet = getattr(getattr(torch.ops, namespace), name)
+    schema = node.schema()
+    if schema and schema != "(no schema)":
+        head = schema.split("(", 1)[0]
+        overload = head.split(".", 1)[1] if "." in head.split("::", 1)[1] else "default"
+        found = getattr(packet, overload, None)
+        if found is not None:
+            return found
+    return packet
+
+
+_SCALAR_CASTS = {"aten::Int": int, "aten::Float": float, "aten::Bool": bool,
+                 "aten::ScalarImplicit": lambda t: t.item(), "aten::item": lambda t: t.item()}
+
+
+class _Interpreter:
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.env: dict[torch._C.Value, Any] = {}
+
+    def value(self, v: torch._C.Value) -> Any:
+        return self.env[v]
+
+    def run_block(self, block: Any, inputs: list) -> list:
+        for v, x in zip(block.inputs(), inputs):
+            self.env[v] = x
+        for node in block.nodes():
+            self.run_node(node)
+        return [self.env[v] for v in block.outputs()]
+
+    def _set(self, node: torch._C.Node, results: Any) -> None:
+        outs = list(node.outputs())
+        if len(outs) == 1:
+            self.env[outs[0]] = results
+        else:
+            for v, r in zip(outs, results):
+                self.env[v] = r
+
+    def run_node(self, node: torch._C.Node) -> None:  # noqa: C901 (one case per instruction)
+        kind = node.kind()
+        ins = [self.env[v] for v in node.inputs()]
+        if kind == "prim::Constant":
+            out = node.output()
+            value = out.toIValue()
+            if isinstance(value, torch.Tensor):
+                value = value.clone()
+            self.env[out] = value
+        elif kind == "prim::GetAttr":
+            self.env[node.output()] = _owner_attr(ins[0], node.s("name"))
+        elif kind == "prim::ListConstruct":
+            self.env[node.output()] = list(ins)
+        elif kind == "prim::TupleConstruct":
+            self.env[node.output()] = tuple(ins)
+        elif kind == "prim::DictConstruct":
+            self.env[node.output()] = dict(zip(ins[0::2], ins[1::2]))
+        elif kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+            self._set(node, tuple(ins[0]) if len(list(node.outputs())) > 1 else ins[0][0])
+        elif kind == "prim::TupleIndex":
+            self.env[node.output()] = ins[0][ins[1]]
+        elif kind == "prim::unchecked_cast":
+            self.env[node.output()] = ins[0]
+        elif kind == "prim::RaiseException":
+            raise RuntimeError(f"{describe(self.func)} raised: {ins[0]}")
+        elif kind == "prim::Uninitialized":
+            self.env[node.output()] = None
+        elif kind in ("aten::__is__", "aten::__isnot__"):
+            same = ins[0] is ins[1] or (ins[0] is None and ins[1] is None)
+            self.env[node.output()] = same if kind == "aten::__is__" else not same
+        elif kind == "prim::NumToTensor":
+            self.env[node.output()] = torch.scalar_tensor(ins[0]) if not isinstance(
+                ins[0], torch.Tensor) else ins[0]
+        elif kind in _SCALAR_CASTS:
+            arg = ins[0]
+            self.env[node.output()] = _SCALAR_CASTS[kind](arg) if isinstance(
+                arg, torch.Tensor) else type(arg)(arg) if kind != "aten::ScalarImplicit" else arg
+        elif kind == "prim::dtype":
+            self.env[node.output()] = ins[0].dtype
+        elif kind == "prim::device":
+            self.env[node.output()] = ins[0].device
+        elif kind == "aten::__getitem__" and isinstance(ins[0], (list, tuple, dict)):
+            self.env[node.output()] = ins[0][ins[1]]
+        elif kind == "aten::len" and isinstance(ins[0], (list, tuple, dict, str)):
+            self.env[node.output()] = len(ins[0])
+        elif kind == "aten::append" and isinstance(ins[0], list):
+            ins[0].append(ins[1])
+            self.env[node.output()] = ins[0]
+        elif kind == "prim::If":
+            blocks = list(node.blocks())
+            chosen = blocks[0] if bool(ins[0]) else blocks[1]
+            self._set(node, self.run_block(chosen, []) if len(list(node.outputs())) != 1
+                      else self.run_block(chosen, [])[0])
+        elif kind == "prim::Loop":
+            self._loop(node, ins)
+        elif kind.startswith("aten::") or kind in ("prim::min", "prim::max", "prim::abs"):
+            self._call(node, ins)
+        else:
+            raise UnsupportedScript(kind)
+
+    def _loop(self, node: torch._C.Node, ins: list) -> None:
+        trips, cond, carried = ins[0], ins[1], list(ins[2:])
+        body = list(node.blocks())[0]
+        i = 0
+        while bool(cond) and i < trips:
+            results = self.run_block(body, [i] + carried)
+            cond, carried = results[0], results[1:]
+            i += 1
+        outs = list(node.outputs())
+        for v, r in zip(outs, carried):
+            self.env[v] = r
+
+    def _call(self, node: torch._C.Node, ins: list) -> None:
+        op = _operator(node)
+        schema = getattr(op, "_schema", None)
+        if schema is not None and len(schema.arguments) == len(ins):
+            args = [x for a, x in zip(schema.arguments, ins) if not a.kwarg_only]
+            kwargs = {a.name: x for a, x in zip(schema.arguments, ins) if a.kwarg_only}
+            results = op(*args, **kwargs)
+        else:
+            results = op(*ins)
+        self._set(node, results)
+
+
+def _bind_inputs(func: Any, graph: torch._C.Graph, args: tuple, kwargs: dict) -> list:
+    """The graph's input values for a call (self first for a method)."""
+    schema = func.schema
+    params = list(schema.arguments)
+    given: list = []
+    if isinstance(func, torch._C.ScriptMethod):
+        given.append(func.owner)
+        params = params[1:]
+    if len(args) > len(params):
+        raise TypeError(f"{describe(func)} takes {len(params)} arguments, {len(args)} given")
+    kwargs = dict(kwargs or {})
+    for i, param in enumerate(params):
+        if i < len(args):
+            given.append(args[i])
+        elif param.name in kwargs:
+            given.append(kwargs.pop(param.name))
+        elif param.default_value is not None or param.has_default_value():
+            given.append(param.default_value)
+        else:
+            raise TypeError(f"{describe(func)}: missing argument '{param.name}'")
+    if kwargs:
+        raise TypeError(f"{describe(func)}: unexpected arguments {sorted(kwargs)}")
+    return given
+
+
+def trace_through(func: Any, args: tuple, kwargs: dict | None) -> Any:
+    """Run the TorchScript callable func on traced arguments, op by op (OP_SCRIPTED)."""
+    graph = func.inlined_graph
+    interpreter = _Interpreter(func)
+    try:
+        inputs = _bind_inputs(func, graph, tuple(args), kwargs or {})
+        outputs = interpreter.run_block(graph, inputs)
+    except UnsupportedScript as exc:
+        file, line = user_site()
+        raise NotImplementedError(
+            f"{describe(func)} called at {file}:{line} runs the TorchScript instruction "
+            f"'{exc}', which leapp cannot trace through. Call the module or function's "
+            f"Python code inside the node instead of its torch.jit.script / torch.jit.trace "
+            f"version (e.g. keep the nn.Module you scripted), or replace it with an "
+            f"annotate FunctionPatch.") from None
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _has_active(obj: Any) -> bool:
+    carrier = _core.carrier_of(obj)
+    if carrier is not None:
+        return bool(carrier.active)
+    if isinstance(obj, (list, tuple)):
+        return any(_has_active(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(_has_active(o) for o in obj.values())
+    return False
+
+
+def _function_call(original: Callable) -> Callable:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _has_active(args) or _has_active(kwargs):
+            return trace_through(self, args, kwargs)
+        return original(self, *args, **kwargs)
+    return __call__
+
+
+def patches() -> Iterator[tuple[Any, str, Any]]:
+    """(owner, name, replacement) of the session patch for ScriptFunction calls."""
+    owner = torch._C.ScriptFunction
+    yield owner, "__call__", _function_call(owner.__call__)
