@@ -144,3 +144,49 @@ def test_a_compiled_pipeline_copies_its_documents_and_is_typed_from_the_start():
     assert compiled.run_order == ("a", "b", "c")
     assert compiled.nodes["a"].inputs[0].shape == (1, 2)
     assert compiled.to_yaml() == expected
+
+
+def test_the_pipeline_answers_what_feeds_every_input_and_names_outputs_once():
+    """Wiring is resolved once, here: fused models, Triton and contracts ask the model."""
+    from leapp.bundle.pipeline import Feed
+    doc = document(pipeline={"data_flow": {"a/y": ["b/x"]}, "feedback_flow": {"b/y": ["a/x"]},
+                             "inputs": {"c": ["x"]}, "outputs": {"b": ["y"], "c": ["y"]}})
+    model = Pipeline.from_document(doc)
+    assert model.feeds() == {"a": {"x": (Feed("feedback", ("b", "y")),)},
+                             "b": {"x": (Feed("forward", ("a", "y")),)},
+                             "c": {"x": (Feed("input"),)}}
+    names = model.output_names()
+    assert names[("b", "y")] == "b/y" and names[("c", "y")] == "c/y"
+    # a port both in and out takes "__out" (here "c/x" is a graph input)
+    doc["models"]["c"]["outputs"][0]["name"] = "x"
+    doc["pipeline"]["outputs"] = {"b": ["y"], "c": ["x"]}
+    assert Pipeline.from_document(doc).output_names()[("c", "x")] == "c/x__out"
+    unfed = Pipeline.from_document(document(pipeline={"outputs": {"a": ["y"], "b": ["y"],
+                                                                  "c": ["y"]}}))
+    assert unfed.feeds()["a"]["x"] == (Feed("unfed"),)
+
+
+def test_no_module_but_the_pipeline_spells_the_renaming_rule():
+    found = []
+    for path in pathlib.Path(ROOT, "leapp").rglob("*.py"):
+        if path.name == "pipeline.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.endswith("__out") and len(node.value) < 40:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+def test_an_extra_document_is_a_field_written_through_the_model(tmp_path):
+    doc = document(pipeline={"outputs": {"a": ["y"], "b": ["y"], "c": ["y"]}})
+    model = Pipeline.from_document(doc)
+    recorded = model.with_extra("fused", {"onnx": {"model_path": "g_fused.onnx"}})
+    assert "fused" not in model.extra  # a new model; this one unchanged
+    text = recorded.to_yaml()
+    assert text.startswith(model.to_yaml().rstrip("\n")) and "fused:" in text
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    assert dict(Pipeline.load(str(path)).extra["fused"]["onnx"]) == {"model_path": "g_fused.onnx"}
+    with pytest.raises(ValueError, match="bundle's own documents"):
+        model.with_extra("models", {})

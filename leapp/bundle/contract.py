@@ -31,6 +31,7 @@ import zipfile
 from typing import Any, Mapping
 
 from .._version import __implementation__
+from .pipeline import STATE_SUFFIX
 
 #: The ``schema`` value of every contract.
 SCHEMA = "leapp.contract"
@@ -42,9 +43,6 @@ ONNX_KEY = "leapp_contract"
 EXTRA_FILE = "leapp_contract.json"
 #: A contract larger than this is not read (a file from elsewhere may be hostile).
 MAX_CONTRACT_BYTES = 64 * 1024 * 1024
-#: Suffix of a fused model's state outputs (leapp.serving.fusion's convention).
-STATE_SUFFIX = "__next"
-OUTPUT_SUFFIX = "__out"
 
 _PORT_FIELDS = ("name", "dtype", "shape", "type")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -173,12 +171,11 @@ def fused_contract(model: Any, graph: str, format: str,
         state_out = _port(source, 0)
         state_out.update(name=pair["output"], state=pair["target"])
         states_out.append(state_out)
-    taken = {p["name"] for p in inputs + states_in + states_out}
+    names = model.output_names()  # the pipeline model's one renaming rule
     outputs: list[dict[str, Any]] = []
     for i, (node, port) in enumerate(model.outputs):
         entry = _port(model.nodes[node].output(port), 0)
-        entry.update(name=entry["key"] + OUTPUT_SUFFIX if entry["key"] in taken
-                     else entry["key"], graph_output=i)
+        entry.update(name=names[(node, port)], graph_output=i)
         outputs.append(entry)
     for index, entry in enumerate(inputs + states_in):
         entry["index"] = index

@@ -18,7 +18,7 @@ reader needs, which cost nothing on the tracing hot path.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
@@ -297,6 +297,29 @@ class Edge:
         return STATE if self.src_port == self.dst_port else SELF
 
 
+#: Suffix of a graph output named like an input of the same model ("reader/base"
+#: in and out): the one renaming rule of fused models, Triton and contracts.
+OUTPUT_SUFFIX = "__out"
+#: Suffix of a feedback target's next value, where a model carries the state.
+STATE_SUFFIX = "__next"
+
+GRAPH_INPUT, UNFED = "input", "unfed"
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """What feeds one node input.
+
+    ``kind``: ``"input"`` (a graph input), ``"forward"`` (another node's output
+    of this step), ``"feedback"`` (an output of the previous step) or
+    ``"unfed"`` (nothing: the zeros or initial value a runtime leaves there);
+    ``source``: the feeding ``(node, port)`` of an edge, else None.
+    """
+
+    kind: str
+    source: tuple[str, str] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Pipeline:
     """A bundle's pipeline, checked and read-only.
@@ -436,8 +459,46 @@ class Pipeline:
     def input_keys(self) -> list[str]:
         return [join_key(n, p) for n, p in self.inputs]
 
+    def feeds(self) -> dict[str, dict[str, tuple[Feed, ...]]]:
+        """For every node input (YAML order), what feeds it: the graph input
+        first, then the edges in YAML order (forward before feedback), or one
+        ``unfed`` Feed.  Two or more feeds mean the bundle feeds the input
+        twice; each consumer says what it makes of that."""
+        found: dict[str, dict[str, list[Feed]]] = {
+            name: {port: [] for port in node.input_names} for name, node in self.nodes.items()}
+        for node, port in self.inputs:
+            found[node][port].append(Feed(GRAPH_INPUT))
+        for edge in self.edges:
+            found[edge.dst_node][edge.dst_port].append(
+                Feed(FEEDBACK if edge.feedback else FORWARD, (edge.src_node, edge.src_port)))
+        return {name: {port: tuple(fed) or (Feed(UNFED),) for port, fed in ports.items()}
+                for name, ports in found.items()}
+
+    def output_names(self) -> dict[tuple[str, str], str]:
+        """The name each node output takes in one model of the whole pipeline
+        (a fused model, a Triton ensemble, a contract), whose inputs are the
+        graph inputs and the feedback targets (``"node/port"``) and whose state
+        outputs are ``"<target>__next"``: its key, with ``"__out"`` appended
+        where one of those names takes it (a port both in and out)."""
+        targets = {edge.target for edge in self.edges if edge.feedback}
+        taken = set(self.input_keys()) | targets | {t + STATE_SUFFIX for t in targets}
+        names = {}
+        for name, node in self.nodes.items():
+            for port in node.output_names:
+                key = join_key(name, port)
+                names[(name, port)] = key + OUTPUT_SUFFIX if key in taken else key
+        return names
+
     def output_keys(self) -> list[str]:
         return [join_key(n, p) for n, p in self.outputs]
+
+    def with_extra(self, key: str, value: Any) -> "Pipeline":
+        """This pipeline with the top-level document ``key`` (after the three of
+        every bundle, such as ``fused``) set to ``value``: a new model, this one
+        unchanged."""
+        if key in DOCUMENTS:
+            raise ValueError(f"{key!r} is one of the bundle's own documents, not an extra one")
+        return replace(self, extra=MappingProxyType({**self.extra, key: _frozen(value)}))
 
     # ---- writing ----------------------------------------------------------
 
@@ -477,7 +538,8 @@ class Pipeline:
         """The bundle YAML's text."""
         from .. import _core
         if self._documents is not None:
-            return _core.emit_yaml(list(self._documents))
+            return _core.emit_yaml(list(self._documents) + [
+                {key: thawed(value)} for key, value in self.extra.items()])
         return _core.emit_yaml(self.to_documents())
 
 

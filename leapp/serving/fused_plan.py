@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ..bundle.dtypes import BY_TORCH
-from ..bundle.pipeline import FUSED_FORMATS
+from ..bundle.pipeline import (FEEDBACK, FORWARD, FUSED_FORMATS, GRAPH_INPUT, OUTPUT_SUFFIX,  # noqa: F401
+                               STATE_SUFFIX)
 from ..bundle.safe_load import quote
 
 
@@ -25,10 +26,7 @@ FORMAT_VERSION = 1
 METADATA_KEY = "leapp_fused"
 #: TorchScript ``_extra_files`` entry holding the same JSON.
 TORCHSCRIPT_EXTRA_FILE = "leapp_fused.json"
-#: Suffix of a state output's name.
-STATE_SUFFIX = "__next"
-#: Suffix of a data output named like an input ("reader/base" in and out).
-OUTPUT_SUFFIX = "__out"
+# The state and output suffixes belong to the pipeline model (one renaming rule).
 #: Top-level YAML key recording fused models (upstream's reader ignores it).
 YAML_KEY = "fused"
 #: Steps the fused model is run next to InferenceManager before it is accepted.
@@ -112,15 +110,19 @@ def fail(message: str) -> None:
 # ---- reading the bundle -----------------------------------------------------------
 
 
-def _fed_twice(edge: Any, first: str) -> str:
-    """Why a node input that ``edge`` feeds and that is already a ``first`` cannot be fused."""
-    if edge.feedback:
-        return (f"Feedback target {quote(edge.target)} is also fed as a {first} of the "
+_FED_AS = {GRAPH_INPUT: "input", FORWARD: "node", FEEDBACK: "state"}
+
+
+def _fed_twice(second: Any, target: str, first: str) -> str:
+    """Why a node input fed by ``second`` (a Feed) and already by a ``first`` cannot be fused."""
+    first = _FED_AS.get(first, first)
+    if second.kind == FEEDBACK:
+        return (f"Feedback target {quote(target)} is also fed as a {first} of the "
                 "pipeline: it cannot be both state and data in the fused model. Fix the "
                 "bundle's YAML.")
-    return (f"Node input {quote(edge.target)} is fed by {quote(edge.source)} and is also a "
-            f"{first} of the pipeline: one step of this bundle has no single meaning, so it "
-            "cannot be fused. Fix the bundle's YAML.")
+    return (f"Node input {quote(target)} is fed by {quote('/'.join(second.source))} and is "
+            f"also a {first} of the pipeline: one step of this bundle has no single meaning, "
+            "so it cannot be fused. Fix the bundle's YAML.")
 
 
 def plan(manager: Any) -> Plan:
@@ -136,39 +138,35 @@ def plan(manager: Any) -> Plan:
             return entry.input_dtypes[i], entry.input_shapes[i]
         return entry.output_dtypes[i], entry.output_shapes[i]
 
-    inputs = []
+    inputs = [Port(f"{node}/{port}", *port_of(node, port, "input"))
+              for node, port in graph.inputs]
+    states = [State(edge.target, f"{edge.target}{STATE_SUFFIX}",
+                    (edge.src_node, edge.src_port), *port_of(edge.dst_node, edge.dst_port, "input"),
+                    manager.value_dict[edge.dst_node][edge.dst_port].detach().cpu().clone())
+              for edge in graph.feedback_edges()]
+    # what feeds each node input is the pipeline model's answer (Pipeline.feeds)
     feeds: dict[str, dict[str, tuple[str, Any]]] = {name: {} for name in nodes}
-    for node, port in graph.inputs:
-        dtype, shape = port_of(node, port, "input")
-        inputs.append(Port(f"{node}/{port}", dtype, shape))
-        feeds[node][port] = ("input", f"{node}/{port}")
-    states = []
-    for edge in graph.edges:  # forward edges first, as the YAML lists them
-        node, port, src = edge.dst_node, edge.dst_port, (edge.src_node, edge.src_port)
-        if port in feeds[node]:
-            fail(_fed_twice(edge, feeds[node][port][0]))
-        if not edge.feedback:
-            feeds[node][port] = ("node", src)
-            continue
-        dtype, shape = port_of(node, port, "input")
-        initial = manager.value_dict[node][port].detach().cpu().clone()
-        states.append(State(f"{node}/{port}", f"{node}/{port}{STATE_SUFFIX}", src, dtype,
-                            shape, initial))
-        feeds[node][port] = ("state", f"{node}/{port}")
-    for name, entry in nodes.items():
-        for port in entry.input_names:
-            if port not in feeds[name]:
+    for name, ports in graph.feeds().items():
+        for port, fed in ports.items():
+            if len(fed) > 1:
+                fail(_fed_twice(fed[1], f"{name}/{port}", fed[0].kind))
+            feed = fed[0]
+            if feed.kind == GRAPH_INPUT:
+                feeds[name][port] = ("input", f"{name}/{port}")
+            elif feed.kind == FORWARD:
+                feeds[name][port] = ("node", feed.source)
+            elif feed.kind == FEEDBACK:
+                feeds[name][port] = ("state", f"{name}/{port}")
+            else:
                 value = manager.value_dict[name][port]
                 feeds[name][port] = ("constant", value.detach().cpu().clone())
     taken = {p.name for p in inputs} | {s.input for s in states} | {s.output for s in states}
     outputs = []
     outputs_from = []
+    names = graph.output_names()  # the one renaming rule ("__out": a port in and out)
     for node, port in graph.outputs:
         dtype, shape = port_of(node, port, "output")
-        key = f"{node}/{port}"
-        # a node's input and output may share a port name (a pass-through), and
-        # both be graph ports: one model cannot name two values alike
-        name = f"{key}{OUTPUT_SUFFIX}" if key in taken else key
+        key, name = f"{node}/{port}", names[(node, port)]
         if name in taken:
             fail(f"The fused model of {quote(pipeline)} would name two of its ports "
                   f"{quote(name)}. Rename the port {quote(key)}.")

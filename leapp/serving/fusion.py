@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -230,29 +229,29 @@ def _close(want: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> b
 # ---- the YAML record --------------------------------------------------------------
 
 
-_SECTION = re.compile(r"^\S[^\n]*:[^\n]*$", re.MULTILINE)
-
-
 def record(yaml_path: str, fused_path: str, format: str) -> None:
     """Write the fused model's path and checksum under the YAML's ``fused`` key.
 
-    The rest of the YAML is kept byte for byte; the file is replaced in one
-    rename.  Only a fused model inside the bundle directory is recorded.
+    The entry is a field of the pipeline model (``Pipeline.with_extra``), read
+    through the bounded safe reader and written by the model's YAML writer,
+    which gives the rest of the bundle's YAML back as it was; the file is
+    replaced in one rename.  Only a fused model inside the bundle directory is
+    recorded.
     """
-    from .. import _core
+    from ..bundle.pipeline import Pipeline, thawed
     bundle = os.path.dirname(os.path.abspath(yaml_path))
     relative = os.path.relpath(os.path.abspath(fused_path), bundle)
     if relative.startswith(os.pardir) or os.path.isabs(relative):
         logger.info("Fused model %s lies outside the bundle: not recorded in its YAML",
                     fused_path)
         return
-    with open(yaml_path, encoding="utf-8") as handle:
-        text = handle.read()
-    current = _recorded(text)
+    model = Pipeline.load(yaml_path)
+    recorded = thawed(model.extra.get(YAML_KEY))
+    current = {k: v for k, v in recorded.items() if k in FORMATS and isinstance(v, dict)} \
+        if isinstance(recorded, dict) else {}
     current[format] = {"model_path": relative, "sha256sum": file_digests(fused_path)[0],
                        "format_version": FORMAT_VERSION}
-    text = _without_section(text, YAML_KEY)
-    text = text.rstrip("\n") + "\n\n" + _core.emit_yaml([{YAML_KEY: current}])
+    text = model.with_extra(YAML_KEY, current).to_yaml()
     fd, tmp = tempfile.mkstemp(prefix=".leapp-fuse-", dir=bundle)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -263,39 +262,6 @@ def record(yaml_path: str, fused_path: str, format: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def _recorded(text: str) -> dict[str, Any]:
-    """The YAML's current ``fused`` entries (only well-formed ones are kept)."""
-    import yaml
-    section = _section(text, YAML_KEY)
-    if section is None:
-        return {}
-    try:
-        value = yaml.safe_load(section)
-    except yaml.YAMLError:
-        return {}
-    entries = value.get(YAML_KEY) if isinstance(value, dict) else None
-    if not isinstance(entries, dict):
-        return {}
-    return {k: v for k, v in entries.items() if k in FORMATS and isinstance(v, dict)}
-
-
-def _section(text: str, key: str) -> str | None:
-    starts = [m.start() for m in _SECTION.finditer(text)]
-    for i, start in enumerate(starts):
-        if text.startswith(f"{key}:", start):
-            end = starts[i + 1] if i + 1 < len(starts) else len(text)
-            return text[start:end]
-    return None
-
-
-def _without_section(text: str, key: str) -> str:
-    section = _section(text, key)
-    if section is None:
-        return text
-    start = text.index(section)
-    return text[:start] + text[start + len(section):]
 
 
 # ---- entry point ------------------------------------------------------------------

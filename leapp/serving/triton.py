@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..bundle.modes import directory_mode
-from ..bundle.pipeline import Node, Pipeline, join_key
+from ..bundle.pipeline import FORWARD, Node, Pipeline, join_key
 from .triton_config import (SPEC_FILE, TensorSpec, TritonRepositoryError,  # noqa: F401
                             add_tensor, checked_ports, config_module, config_text, dims,
                             model_config, model_name, read_config, triton_types, write_model)
@@ -124,18 +124,17 @@ def _node_model(staging: str, yaml_dir: str, spec: Node, name: str,
 
 def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serve_with: str,
                   result: TritonRepository) -> None:
-    edges = [(edge.source, edge.target) for edge in model.forward_edges()]
     graph_inputs, graph_outputs = model.inputs, model.outputs
-    input_keys = set(model.input_keys())
+    tensor_of = model.output_names()  # "__out" where an output is named like a graph input
 
-    def tensor_of(key: str) -> str:
-        # an output named like a graph input of its node gets "__out", as in fused models
-        return f"{key}__out" if key in input_keys else key
-
-    fed = {target: tensor_of(source) for source, target in edges}
+    # what feeds each node input is the pipeline model's answer (Pipeline.feeds)
+    fed = {join_key(node, port): tensor_of[feeds[0].source]
+           for node, ports in model.feeds().items() for port, feeds in ports.items()
+           if feeds[0].kind == FORWARD}
+    consumed = {feed.source for ports in model.feeds().values() for fed_by in ports.values()
+                for feed in fed_by if feed.kind == FORWARD} | set(graph_outputs)
     taken: set[str] = set()
     entry = model_name(graph, taken)
-    consumed = {source for source, _ in edges} | {f"{n}/{p}" for n, p in graph_outputs}
     mc = config_module()
     ensemble = mc.ModelConfig(name=entry, platform="ensemble", max_batch_size=0)
     for node in model.run_order:
@@ -154,16 +153,16 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serv
                     "data_flow, so the ensemble cannot supply it; recompile the bundle")
             step.input_map[tensor] = source
         for port, tensor in out_names.items():
-            if f"{node}/{port}" in consumed:
-                step.output_map[tensor] = tensor_of(f"{node}/{port}")
+            if (node, port) in consumed:
+                step.output_map[tensor] = tensor_of[(node, port)]
     for node, name in graph_inputs:
         key, port = join_key(node, name), model.nodes[node].input(name)
         add_tensor(ensemble.input.add(), key, port)
         result.inputs[key] = (triton_types(port.dtype, key)[1], dims(port))
     for node, name in graph_outputs:
         key, port = join_key(node, name), model.nodes[node].output(name)
-        add_tensor(ensemble.output.add(), tensor_of(key), port)
-        result.outputs[tensor_of(key)] = (triton_types(port.dtype, key)[1], dims(port))
+        add_tensor(ensemble.output.add(), tensor_of[(node, name)], port)
+        result.outputs[tensor_of[(node, name)]] = (triton_types(port.dtype, key)[1], dims(port))
     write_model(staging, entry, ensemble)
     result.models.append(entry)
     result.entry = entry
