@@ -17,14 +17,15 @@ reader needs, which cost nothing on the tracing hot path.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from .dtypes import SPELLINGS
 from .log import reject
-from .safe_load import BUNDLE_DOCUMENTS, clip, parse_shape, quote
+from .safe_load import BUNDLE_DOCUMENTS, parse_shape, quote
+from . import wiring
+from .wiring import join_key
 
 #: Edge kinds.  Forward edges are ``data_flow``; the others are
 #: ``feedback_flow``: between two nodes, from a node to another input of its
@@ -45,11 +46,6 @@ _FLOWS = ("data_flow", "feedback_flow", "inputs", "outputs")
 #: dtype names a port may carry -> the torch dtype's attribute name (leapp.bundle.dtypes).
 DTYPES: Mapping[str, str] = SPELLINGS
 _PARAMETERS = ("model_path", "md5sum", "sha256sum", "backend")
-
-
-def join_key(node: str, port: str) -> str:
-    """``"node/port"``."""
-    return f"{node}/{port}"
 
 
 def split_key(key: Any, what: str) -> tuple[str, str]:
@@ -383,7 +379,7 @@ class Pipeline:
         others = {k: v for k, v in own_section.items()
                   if k not in _FLOWS and k != "initial_values"}
         return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
-                   _run_order(nodes, edges), own_section.get("initial_values"),
+                   wiring.run_order(nodes, edges), own_section.get("initial_values"),
                    _frozen(others), _frozen(system_information), MappingProxyType({}),
                    ({"models": own_models}, {"pipeline": own_section},
                     {"system information": dict(system_information)}))
@@ -435,10 +431,10 @@ class Pipeline:
         terminals = {key: tuple((node, port) for node, ports in flows[key].items()
                                 for port in ports or []) for key in ("inputs", "outputs")}
         if check_wiring:
-            _check_wiring(nodes, edges, terminals["inputs"], terminals["outputs"])
+            wiring.check_wiring(nodes, edges, terminals["inputs"], terminals["outputs"])
         others = {k: v for k, v in section.items() if k not in _FLOWS and k != "initial_values"}
         return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
-                   _run_order(nodes, edges), initial, _frozen(others), _frozen(system),
+                   wiring.run_order(nodes, edges), initial, _frozen(others), _frozen(system),
                    _frozen({k: v for k, v in description.items() if k not in DOCUMENTS}))
 
     # ---- queries ----------------------------------------------------------
@@ -547,77 +543,3 @@ def _compiled_ports(node: str, entries: list[dict[str, Any]]) -> tuple[Port, ...
     """A compiled node's ports over their (copied) entries, read-only."""
     return tuple(Port(node, e["name"], e["dtype"], e["shape"], MappingProxyType(e))
                  for e in entries)
-
-
-def _check_wiring(nodes: Mapping[str, Node], edges: tuple[Edge, ...],
-                  inputs: tuple[tuple[str, str], ...],
-                  outputs: tuple[tuple[str, str], ...]) -> None:
-    """Every edge and graph port names existing ports that agree; every output is routed."""
-    for node, name in inputs:
-        if node not in nodes or nodes[node].input(name) is None:
-            reject(f"Pipeline input {quote(join_key(node, name))} does not match any node "
-                   f"input. Available nodes: {quote(list(nodes))}")
-    for node, name in outputs:
-        if node not in nodes or nodes[node].output(name) is None:
-            reject(f"Pipeline output {quote(join_key(node, name))} does not match any node "
-                   f"output. Available nodes: {quote(list(nodes))}")
-    routed = {(e.src_node, e.src_port) for e in edges} | set(outputs)
-    for name, node in nodes.items():
-        missing = [p.name for p in node.outputs if (name, p.name) not in routed]
-        if missing:
-            reject(f"Node {quote(name)} has unroutable outputs: {quote(missing)}. Every model "
-                   "output must appear in pipeline data_flow, feedback_flow, or pipeline "
-                   "outputs. This may indicate the YAML was edited manually and is "
-                   "inconsistent with the exported model.")
-    for edge in edges:
-        source = nodes.get(edge.src_node)
-        if source is None:
-            reject(f"Source node {quote(edge.src_node)} not found in models")
-        out = source.output(edge.src_port)
-        if out is None:
-            reject(f"Source output {quote(edge.src_port)} not found in node "
-                   f"{quote(edge.src_node)}. Available outputs: {quote(source.output_names)}")
-        target = nodes.get(edge.dst_node)
-        if target is None:
-            reject(f"Target node {quote(edge.dst_node)} not found in models")
-        inp = target.input(edge.dst_port)
-        if inp is None:
-            reject(f"Target input {quote(edge.dst_port)} not found in node "
-                   f"{quote(edge.dst_node)}. Available inputs: {quote(target.input_names)}")
-        src_key, dst_key = clip(edge.source), clip(edge.target)
-        if list(out.shape) != list(inp.shape):
-            reject(f"Shape mismatch in pipeline connection: {src_key} "
-                   f"{tuple(out.shape)} -> {dst_key} {tuple(inp.shape)}")
-        if out.torch_dtype != inp.torch_dtype:
-            reject(f"Dtype mismatch in pipeline connection: {src_key} {out.torch_dtype} "
-                   f"-> {dst_key} {inp.torch_dtype}")
-
-
-def _run_order(nodes: Mapping[str, Node], edges: tuple[Edge, ...]) -> tuple[str, ...]:
-    """Producers before consumers along forward edges; ties keep YAML order."""
-    names = list(nodes)
-    rank = {name: i for i, name in enumerate(names)}
-    successors: dict[str, set[str]] = {name: set() for name in names}
-    pending = dict.fromkeys(names, 0)
-    for edge in edges:
-        src, dst = edge.src_node, edge.dst_node
-        if edge.feedback or src == dst or src not in rank or dst not in rank:
-            continue
-        if dst not in successors[src]:
-            successors[src].add(dst)
-            pending[dst] += 1
-    ready = [rank[name] for name in names if pending[name] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        name = names[heapq.heappop(ready)]
-        order.append(name)
-        for nxt in successors[name]:
-            pending[nxt] -= 1
-            if pending[nxt] == 0:
-                heapq.heappush(ready, rank[nxt])
-    if len(order) != len(names):
-        cycle = [name for name in names if pending[name] > 0]
-        reject(f"pipeline data_flow has a cycle through nodes {quote(cycle)}; loops must be "
-               "listed under feedback_flow")
-    return tuple(order)
