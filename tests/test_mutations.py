@@ -291,8 +291,10 @@ _UPSTREAM_SCRIPT = textwrap.dedent("""
 def test_message_starts_with_upstreams(tmp_path, caplog):
     script = tmp_path / "upstream_cross.py"
     script.write_text(_UPSTREAM_SCRIPT)
+    # upstream's interpreter imports its own leapp: no PYTHONPATH pointing at this tree
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([UPSTREAM, str(script), str(tmp_path / "up")], cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=300, check=True)
+                          capture_output=True, text=True, timeout=300, check=True, env=env)
     level, _, text = done.stdout.partition("\n")
     assert int(level) == logging.ERROR
     assert text.strip() == UPSTREAM_TEXT
