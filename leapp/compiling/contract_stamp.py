@@ -1,6 +1,5 @@
 """Writing the contract into every exported model of a compile (before the bundle's
-checksums); the contract itself, built from the YAML and read back, is
-leapp.bundle.contract."""
+checksums); the contract itself is leapp.bundle.contract."""
 from __future__ import annotations
 
 import os
@@ -16,15 +15,12 @@ def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipelin
                    ports: Mapping[str, Mapping[str, list]]) -> None:
     """Write each exported model's contract into the staged bundle (before its checksums).
 
-    The contract is built from the YAML's documents as a reader parses them
-    (emitted and read back here), so :func:`expected` on the committed bundle
-    gives the same.  Files an export reused keep their manifest entry's
+    The contract is built from the pipeline model of the documents the YAML is
+    written from, so :func:`expected` on the committed bundle gives the same
+    (tests/test_contract.py compares the two for every backend).  Files an export reused keep their manifest entry's
     checksum in step (``leapp.compiling.incremental``).  ``ports``: each node's YAML
     ``inputs`` and ``outputs``, with the exporters' renames applied.
     """
-    import yaml
-
-    from .. import _core
     from ..bundle.pipeline import Pipeline
     from ..tracing.session import info
     from .incremental import file_sha256
@@ -42,10 +38,7 @@ def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipelin
             "outputs": ports[node.name]["outputs"],
             "parameters": {"model_path": None, "md5sum": None, "sha256sum": None,
                            "backend": None if result is None else result.yaml_backend}}
-    text = _core.emit_yaml([{"models": models}, {"pipeline": pipeline},
-                            {"system information": system_information}])
-    loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    model = Pipeline.from_document(loaded, check_wiring=False)
+    model = Pipeline.from_compile(models, pipeline, system_information)
     initial = initial_values(model, staging)
     for node in stamped:
         result = exported[node.name]

@@ -128,10 +128,11 @@ def _feed_forward(staging: str, yaml_dir: str, graph: str, model: Pipeline, serv
     tensor_of = model.output_names()  # "__out" where an output is named like a graph input
 
     # what feeds each node input is the pipeline model's answer (Pipeline.feeds)
-    fed = {join_key(node, port): tensor_of[feeds[0].source]
-           for node, ports in model.feeds().items() for port, feeds in ports.items()
-           if feeds[0].kind == FORWARD}
-    consumed = {feed.source for ports in model.feeds().values() for fed_by in ports.values()
+    feeds = model.feeds()
+    fed = {join_key(node, port): tensor_of[fed_by[0].source]
+           for node, ports in feeds.items() for port, fed_by in ports.items()
+           if fed_by[0].kind == FORWARD}
+    consumed = {feed.source for ports in feeds.values() for fed_by in ports.values()
                 for feed in fed_by if feed.kind == FORWARD} | set(graph_outputs)
     taken: set[str] = set()
     entry = model_name(graph, taken)
