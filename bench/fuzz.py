@@ -59,7 +59,6 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CATALOGUE = os.path.join(ROOT, "tests", "op_catalogue.py")
-CASES = os.path.join(HERE, "fuzz_cases")  # one regression program per known difference
 GRAPH = "fz"
 REPLAY_STEPS = 3
 TOL = 1e-5
@@ -78,56 +77,57 @@ PAYLOADS = ["dict", "nested", "semantics"]
 # --------------------------------------------------------------------------
 # Known differences and deliberate departures
 #
-# Each entry: id, check (the class's check name), pattern (a regex searched in
-# the class signature and the difference text), optional feature (a program
-# feature the program must have), reason.  KNOWN_DIFFERENCES are bugs of this
+# Each entry: id, program (the generated program that showed it, "s<seed>_<index>":
+# `--print` writes it out, case_program() regenerates it), check (the class's
+# check name), pattern (a regex searched in the class signature and the
+# difference text), optional feature (a program feature the program must have),
+# reason.  KNOWN_DIFFERENCES are bugs of this
 # package being fixed now: delete an entry once its fix lands (the fuzz test
 # then holds the fix).  DEPARTURES are decided, documented in
 # docs/compatibility.md, and stay.
 
 # ---- KNOWN DIFFERENCES: bugs of ours, to shrink as fixes land ------------
-# Regression programs for each: bench/fuzz_cases/<id>.py.
 KNOWN_DIFFERENCES: list[dict] = []
 
 # ---- FIXED: differences the fuzzer found and that are fixed now ----------
-# Their regression programs (bench/fuzz_cases/<id>.py) must match upstream:
-# tests/test_fuzz.py runs them under both packages.
+# Their programs must match upstream: tests/test_fuzz.py runs them under both
+# packages.
 FIXED: list[dict] = [
-    {"id": "method-keyword-skips-default",
+    {"id": "method-keyword-skips-default", "program": "s7_0003",
      "reason": "@annotate.method called as f(a, c=t) while b keeps its tensor default: "
                "ours passed b twice (TypeError); now b's default is a constant, as upstream"},
-    {"id": "method-keyword-input-order",
+    {"id": "method-keyword-input-order", "program": "s7_0014",
      "reason": "@annotate.method called with keywords out of signature order "
                "(f(b=y, a=x)): the inputs now follow the call's order, as upstream's"},
-    {"id": "duplicate-source-wording",
+    {"id": "duplicate-source-wording", "program": "s120_0004",
      "reason": "one published value fed to two inputs of a node: ours rewrote the end of "
                "upstream's line; now upstream's line comes whole, our detail after it"},
 ]
 
 # ---- DEPARTURES: deliberate, documented in docs/compatibility.md --------
 DEPARTURES: list[dict] = [
-    {"id": "upstream-validation-self-feedback", "check": "outcome",
+    {"id": "upstream-validation-self-feedback", "program": "s7_0023", "check": "outcome",
      "pattern": r"ours ok, upstream Exception.*Model validation failed",
      "reason": "in-place indexing writes (x[idx] = v) exported through the TorchScript ONNX "
                "exporter: upstream's model has a ScatterND whose updates do not match its "
                "indices, so onnxruntime refuses it and upstream's own validation fails; "
                "ours records the functional write and validates (docs/compatibility.md, "
                "'Where upstream fails')"},
-    {"id": "jit-script-python-operators", "check": "outcome",
+    {"id": "jit-script-python-operators", "program": "s120_0005", "check": "outcome",
      "pattern": r"ours ok, upstream RuntimeError.*Error compiling model.*"
                 r"(has no attribute or method '\w+'|Arguments for call are not valid)",
      "reason": "upstream records some ops in a form torch.jit.script rejects (x // 0.5 "
                "as a dunder call, x.bool(), x.norm(dim=-1) with p='fro'); ours records the torch "
                "op as called, so the node exports (docs/compatibility.md, 'Operators "
                "under jit')"},
-    {"id": "tensor-mT-then-eager-error", "check": "outcome",
+    {"id": "tensor-mT-then-eager-error", "program": "s11_0030", "check": "outcome",
      "pattern": r"ours RuntimeError, upstream AttributeError.*upstream: 'method-wrapper' "
                 r"object has no attribute '__module__'",
      "reason": "upstream fails tracing x.mT; ours traces it, and the program goes on to an "
                "error of its own that upstream never reaches (torch's view error on the "
                "non-contiguous x.mT, the same value declared twice, which upstream refuses "
                "too): docs/compatibility.md, 'Where upstream fails'"},
-    {"id": "tensor-mT-property", "check": "outcome",
+    {"id": "tensor-mT-property", "program": "s7_0092", "check": "outcome",
      "pattern": r"ours ok, upstream AttributeError.*'method-wrapper' object has no "
                 r"attribute '__module__'",
      "reason": "upstream fails tracing the x.mT property (AttributeError); ours records "
@@ -672,12 +672,11 @@ def _collect(proc, log, out_dir, timeout):
 
 
 def case_program(case_id: str) -> dict:
-    """The generated program behind a saved case (its docstring names seed and index)."""
-    with open(os.path.join(CASES, case_id + ".py")) as f:
-        found = re.search(r"\(seed (\d+), index (\d+)\)", f.read(400))
-    if found is None:
-        raise ValueError(f"bench/fuzz_cases/{case_id}.py does not name its seed and index")
-    return generate(int(found.group(1)), int(found.group(2)))
+    """The generated program that shows the difference ``case_id`` (its entry's
+    ``program``, "s<seed>_<index>", regenerated: the generator is deterministic)."""
+    entry = next(e for e in KNOWN_DIFFERENCES + FIXED + DEPARTURES if e["id"] == case_id)
+    seed, index = re.fullmatch(r"s(\d+)_(\d+)", entry["program"]).groups()
+    return generate(int(seed), int(index))
 
 
 def run(n, seed, ours, upstream, workdir, batch=25, timeout=1800, progress=None):
