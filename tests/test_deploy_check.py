@@ -220,6 +220,9 @@ def test_compile_graph_logs_the_findings_as_warnings_and_writes_the_bundle(tmp_p
                            fuse=False)
     assert os.path.exists(yaml_path)
     messages = [r.getMessage() for r in caplog.records if "Deploy check" in r.getMessage()]
-    assert any("'kind'" in m and "policy/action" in m for m in messages)
+    # one line per message: an output without a kind is not called an input
+    assert any("'kind'" in m and "policy/action" in m and "graph output has no kind" in m
+               for m in messages)
+    assert not any("policy/action" in m and "graph input has no kind" in m for m in messages)
     assert any("'frequency'" in m for m in messages)
     assert not any("'initial_values'" in m for m in messages)

@@ -397,17 +397,18 @@ def report(findings: list[Finding], out: TextIO) -> dict[str, int]:
 
 
 def log_compile(model: Any, bundle_dir: str | None) -> None:
-    """compile_graph: what the YAML checks do not pass, as warnings (one per check)."""
+    """compile_graph: what the YAML checks do not pass, as warnings (one per check and
+    message: graph inputs and outputs without a kind are two lines)."""
     try:
         findings = yaml_checks(model, bundle_dir)
     except Exception as exc:  # noqa: BLE001  (the checks never stop a compile)
         logger.debug("Deploy checks skipped: %s: %s", type(exc).__name__, exc)
         return
-    by_check: dict[str, list[Finding]] = {}
+    by_check: dict[tuple[str, str], list[Finding]] = {}
     for finding in findings:
         if finding.status != PASS:
-            by_check.setdefault(finding.check, []).append(finding)
-    for check, found in by_check.items():
+            by_check.setdefault((finding.check, finding.message), []).append(finding)
+    for (check, _), found in by_check.items():
         places = ", ".join(f.where for f in found[:6]) + (", ..." if len(found) > 6 else "")
         first = found[0]
         logger.warning("Deploy check '%s': %d finding(s) (%s): %s. Fix: %s. "
