@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	# tritonserver for tests/test_triton.py: only the binary is used, so the wheel's
 	# Python requirements (numpy<2 among them) are not installed
 	$(PIP) install -c constraints.txt --no-deps nvidia-pytriton==0.7.0
+	# rl-games for tests/test_client_exports.py: its psutil<6 pin clashes with ipython's
+	# psutil>=7 and it never imports psutil; its other requirements are in the test extra
+	$(PIP) install -c constraints.txt --no-deps rl-games==1.6.5
 	@mkdir -p build && touch $(STAMP) $(CORE_STAMP)
 
 build: setup $(CORE_STAMP)
