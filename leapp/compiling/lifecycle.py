@@ -17,7 +17,7 @@ from ..bundle import log as _logging
 from ..bundle.digest import file_digests
 from ..bundle.log import fatal, logger, section
 from .progress import NO_MODEL, CompileProgress, third_party_to_log
-from ..tracing.session import check_session_thread, info
+from ..tracing.session import API, check_session_thread, info
 from ..tracing.state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
@@ -109,6 +109,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
 
 def _teardown_session() -> None:
     """Put back module buffers and patched functions; tracing off; traced tensors plain."""
+    API.close_tails()  # states whose late update never came stay regular inputs
     _core.set_tracing(False)
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
