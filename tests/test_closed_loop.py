@@ -80,7 +80,11 @@ def compile_refused(capsys) -> str:
 
 def test_intact_bundle_passes_closed_loop(tmp_path):
     trace(tmp_path)
-    assert leapp.compile_graph(visualize=False) == {"actor": True}
+    result = leapp.compile_graph(visualize=False)
+    assert result == {"actor": True}
+    assert result.closed_loop == {"steps": 3, "passed": True, "difference": None,
+                                  "breaks": [], "skipped": None}
+    assert "closed loop: 3 step(s) reproduced" in result._repr_html_()
     with open(os.path.join(str(tmp_path), "loop", "log.txt")) as f:
         log = f.read()
     assert "[PASS] the bundle reproduced the trace for 3 steps closed-loop" in log
@@ -146,3 +150,5 @@ def test_closed_loop_failure_marks_the_node(tmp_path, monkeypatch):
         "actor/c: [actor/h]\n    actor/h: [actor/c]"))
     result = leapp.compile_graph(visualize=False, strict=False)
     assert result == {"actor": False}
+    assert result.closed_loop["difference"].startswith("closed loop, step 0: actor/c")
+    assert "feedback value into actor/h" in result._repr_html_()

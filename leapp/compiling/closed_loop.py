@@ -42,6 +42,11 @@ class ClosedLoop:
     def passed(self) -> bool:
         return self.difference is None
 
+    def summary(self) -> dict:
+        """The compile result's record of it."""
+        return {"steps": self.steps, "passed": self.passed, "difference": self.difference,
+                "breaks": list(self.breaks), "skipped": self.skipped}
+
 
 def _traced(port: Any, step: int) -> Any:
     return port.value if step == 0 else port.samples[step - 1]

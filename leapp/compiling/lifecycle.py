@@ -410,6 +410,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     committed = False
     results: dict = {}
     failure = None
+    closed = None
     progress = CompileProgress(
         graph, [] if skip_export else [n.name for n in nodes if n.name not in cfg.non_traced],
         validate=validate, quiet=verbose is False,
@@ -485,7 +486,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     from .result import compile_result
     return compile_result(results, cfg.graph_name, cfg.save_dir, models,
                           {name: e.seconds for name, e in exported.items()}, visualize,
-                          reused)
+                          reused, closed.summary() if closed is not None else None)
 
 
 def _closed_loop(staging: str, graph: str, entries: list, nodes: list, random_ops: dict,
