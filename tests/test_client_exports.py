@@ -17,7 +17,9 @@ library's own eager path (`get_action`, `act`, `predict`) to 1e-5:
 * sb3-contrib: `RecurrentPPO` with `VecNormalize` statistics, normalised in torch,
   the LSTM state masked with the done flags and bound with `update_state` AFTER
   `env.step` (after the node's `output_tensors`, and after the next call's
-  observations were declared): the state must export as feedback;
+  observations were declared): the state must export as feedback; an episode that
+  ends during the traced steps (the done mask is a constant of the node) is refused
+  by validation, never exported silently;
 * skrl `PPO_RNN`: the checks of Isaac Lab's recurrent-state test (LSTM state
   detected with its shapes, a GRU refused) and the LSTM policy exported and
   replayed; rl_games' LSTM detected and its GRU refused likewise.
@@ -460,11 +462,12 @@ def clip_to_action_space(policy: Any, actions: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(actions, high), low)
 
 
-def export_recurrent_ppo(save_path: str, backend: str) -> str:
+def export_recurrent_ppo(save_path: str, backend: str,
+                         done_at: dict[int, list[int]] | None = None) -> str:
     model, normalize = make_recurrent_ppo()
     policy = model.policy
     policy.set_training_mode(False)
-    env = ce.ExportEnv(SB3_ENVS, SB3_OBS, backend)
+    env = ce.ExportEnv(SB3_ENVS, SB3_OBS, backend, done_at=done_at)
     layers, _, hidden = policy.lstm_hidden_state_shape
     zeros = torch.zeros(layers, SB3_ENVS, hidden)
     carried = [zeros.clone(), zeros.clone()]
@@ -512,3 +515,13 @@ def test_recurrent_ppo_state_updated_after_step(tmp_path, backend):
     got = ce.replay(yaml_path, REPLAY_STEPS, SB3_ENVS, SB3_OBS)
     want = recurrent_ppo_eager(REPLAY_STEPS)
     ce.assert_steps_equal(got, want)
+
+
+@_needs("sb3_contrib", "stable_baselines3", "gymnasium")
+def test_recurrent_ppo_done_during_trace_is_refused(tmp_path):
+    """The done flags come from outside the trace, so the mask is a constant of the node
+    (the first pass's: nobody done).  An episode that ends during the traced steps makes
+    the later pass's masked state differ from that constant: validation refuses the
+    bundle rather than export a state that never resets, or resets always."""
+    with pytest.raises(Exception, match="validation failed"):
+        export_recurrent_ppo(str(tmp_path), "jit", done_at={1: [0]})
