@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -179,5 +179,3 @@ def read_yaml(path: str) -> dict:
         merged.update(doc or {})
     return merged
 
-
-StepFn = Callable[[torch.Tensor], torch.Tensor]
