@@ -55,6 +55,7 @@ class Attempt:
     ok: bool | None
     reason: str = ""
     seconds: float = 0.0
+    op: str | None = None  # the op torch's error names, when it names one
 
     @property
     def export_with(self) -> str:
@@ -120,6 +121,7 @@ def try_backend(node: Any, backend: str) -> Attempt:
     module = info(node).graph_module.module
     examples = _examples(node)
     reason = ""
+    op = None
     with tempfile.TemporaryDirectory(prefix="leapp-survey-") as tmp:
         try:
             with third_party_to_log(f"trying {backend} on {node.name}"):
@@ -145,8 +147,12 @@ def try_backend(node: Any, backend: str) -> Attempt:
                 del call
         except Exception as error:  # noqa: BLE001  (any failure is this backend's answer)
             reason = _reason(error)
+            op = error.op if isinstance(error, ExportError) else None
+    if reason.startswith("exports, but") and info(node).random_ops:
+        ops = ", ".join(sorted({label for label, _, _ in info(node).random_ops}))
+        reason += f": the node draws random numbers ({ops}), which no export reproduces"
     seconds = time.perf_counter() - started
-    return Attempt(backend, not reason, reason, seconds)
+    return Attempt(backend, not reason, reason, seconds, op)
 
 
 def survey(node: Any, skip: Sequence[str] = (), budget: float | None = None) -> list[Attempt]:

@@ -139,10 +139,21 @@ def console_to_log(label: str) -> Iterator[None]:
                          written.count("\n") + 1, written.rstrip())
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# torch.onnx's summary of the error that stopped the export: "<class 'a.b.Name'>: message"
+_SUMMARY = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>: (.+)")
+
+
 def one_line(error: BaseException) -> str:
     """torch's message of error in one line: the IR, the graph excerpts and the
-    invitation to file an issue left out (they are in log.txt)."""
-    text = str(error) or type(error).__name__
+    invitation to file an issue left out (they are in log.txt); for the dynamo
+    ONNX exporter, the error its exception summary names first."""
+    text = _ANSI.sub("", str(error)) or type(error).__name__
+    name = type(error).__name__
+    if "## Exception summary" in text:
+        match = _SUMMARY.search(text.split("## Exception summary", 1)[1])
+        if match:
+            name, text = match.group(1), match.group(2)
     for cut in ("[Caused by the value", "Please feel free to request support",
                 "\n\nInputs:", "\nSet TORCHDYNAMO_VERBOSE", "\nfrom user code:",
                 "\n\nWhile executing", "\nOriginal traceback:", "\n\nThe following"):
@@ -155,7 +166,7 @@ def one_line(error: BaseException) -> str:
     text = " ".join(text.split())
     if len(text) > REASON_CHARS:
         text = text[:REASON_CHARS - 3].rstrip() + "..."
-    return f"{type(error).__name__}: {text}"
+    return f"{name}: {text}"
 
 
 # The op torch's message names, most specific first.
@@ -173,7 +184,9 @@ _OP_PATTERNS = (
 
 def failing_op(error: BaseException, module: Any = None) -> str | None:
     """The op torch's message names (e.g. ``adaptive_avg_pool2d``), or None."""
-    text = str(error)
+    text = _ANSI.sub("", str(error))
+    if "## Exception summary" in text:  # the dynamo exporter: the error it summarises
+        text = text.split("## Exception summary", 1)[1]
     for pattern in _OP_PATTERNS:
         match = pattern.search(text)
         if match:
@@ -202,6 +215,16 @@ def _op_from_excerpt(text: str, module: Any) -> str | None:
     return None
 
 
+def _same_op(name: str, op: str) -> bool:
+    """Whether an fx target name and an op torch names are one op (linalg_inv_ex is
+    torch.linalg.inv, fft_rfft torch.fft.rfft)."""
+    def norm(text: str) -> str:
+        text = text.lstrip("_")
+        text = re.sub(r"_(ex|default|out)$", "", text)
+        return re.sub(r"^(linalg|fft|special|nn)_", "", text)
+    return norm(name) == norm(op)
+
+
 def _target_name(node: Any) -> str:
     target = node.target
     name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
@@ -212,7 +235,8 @@ def op_calls(module: Any, op: str) -> list[str]:
     """How the node's graph calls op: ``torch.nn.functional.adaptive_avg_pool2d`` ..."""
     found: list[str] = []
     for node in getattr(getattr(module, "graph", None), "nodes", ()):
-        if node.op not in ("call_function", "call_method") or _target_name(node) != op:
+        if node.op not in ("call_function", "call_method") or not _same_op(_target_name(node),
+                                                                             op):
             continue
         target = node.target
         if isinstance(target, str):
@@ -233,8 +257,6 @@ _FIXES = (
     (r"adaptive_(avg|max)_pool", r"factor|divis",
      "choose an output size that divides the input size (or a fixed-size pool / "
      "interpolation)"),
-    (r".*", r"opset|Unsupported: ONNX export|not supported by the ONNX",
-     "a newer opset_version in backend_params may support it"),
     (r".*", r"data.dependent|guard|GuardOnDataDependent",
      "replace the data-dependent size or branch with a fixed one (docs/tracing.md)"),
 )
@@ -244,8 +266,6 @@ def fix_for(backend: str, op: str | None, reason: str) -> str:
     """The change to the model that a known cause asks for, or ''."""
     for op_pattern, reason_pattern, fix in _FIXES:
         if re.search(op_pattern, op or "") and re.search(reason_pattern, reason, re.I):
-            if "opset" in fix and not backend.startswith("onnx"):
-                continue
             return fix
     return ""
 
