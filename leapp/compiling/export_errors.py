@@ -246,7 +246,11 @@ def op_calls(module: Any, op: str) -> list[str]:
             owner = {"torch._C._nn": "torch._C._nn", "torch._C._VariableFunctions": "torch",
                      "torch._C._linalg": "torch.linalg", "torch._C._special": "torch.special",
                      "torch._C._fft": "torch.fft"}.get(owner, owner)
-            text = f"{owner}.{getattr(target, '__name__', target)}" if owner else str(target)
+            name = str(getattr(target, "__name__", target))
+            prefix = owner.rsplit(".", 1)[-1] + "_"  # torch.linalg's linalg_inv is inv
+            if owner.count(".") and name.startswith(prefix):
+                name = name[len(prefix):]
+            text = f"{owner}.{name}" if owner else str(target)
         if text not in found:
             found.append(text)
     return found
