@@ -154,8 +154,10 @@ def junit_summary(path: str) -> dict:
 
 def run_tests(files: list[str], out: str) -> dict:
     """pytest on files; the JUnit summary and the output's tail."""
+    if not files:
+        return {"ran": False, "reason": "no test files given (--tests)"}
     if importlib.util.find_spec("pytest") is None:
-        return {"ran": False, "reason": "pytest is not installed on this machine"}
+        return {"ran": False, "files": files, "reason": "pytest is not installed on this machine"}
     xml = os.path.join(out, "tests.xml")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p",
                "no:cacheprovider", f"--junitxml={xml}", *files]
@@ -216,8 +218,8 @@ def describe_upstream(upstream: str) -> str:
 
 
 def report_text(env: dict, built: dict | None, tests: dict | None, compared: list | None,
-                upstream: str | None) -> str:
-    """The Markdown report."""
+                upstream: str | None, stopped: str | None = None) -> str:
+    """The Markdown report (stopped: why the run stopped before building, if it did)."""
     lines = ["# leapp device run", ""]
     gpu = env.get("gpu") or "no GPU"
     lines.append(f"- machine: {gpu}; Python {env['python']} ({env['executable']}); torch "
@@ -249,7 +251,9 @@ def report_text(env: dict, built: dict | None, tests: dict | None, compared: lis
         lines += ["", "## Against upstream 0.7.2", "", f"- upstream: {upstream}", ""]
         for item in compared:
             lines += ["```", item["text"], "```"]
-    verdict = verdict_ok(built, tests, compared)
+    if stopped:
+        lines.append(f"- stopped: {stopped}")
+    verdict = stopped is None and verdict_ok(built, tests, compared)
     lines += ["", f"**{'PASSED' if verdict else 'FAILED'}**", ""]
     return "\n".join(lines)
 
@@ -257,9 +261,11 @@ def report_text(env: dict, built: dict | None, tests: dict | None, compared: lis
 def verdict_ok(built: dict | None, tests: dict | None, compared: list | None) -> bool:
     if built is not None and not built["ok"]:
         return False
-    if tests is not None and (not tests.get("ran") or tests["failures"] or tests["errors"]
-                              or tests["exit"] not in (0, 5)):
+    if tests is not None and tests.get("ran") and (tests["failures"] or tests["errors"]
+                                                   or tests["exit"] not in (0, 5)):
         return False
+    if tests is not None and not tests.get("ran") and tests.get("files"):
+        return False  # tests asked for could not run (no pytest)
     return not compared or all(item["ok"] for item in compared)
 
 
@@ -286,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if not env.get("gpu") and not args.allow_cpu:
         print("test-device: torch sees no GPU (--allow-cpu runs anyway)", file=sys.stderr)
         with open(os.path.join(out, "device-report.md"), "w", encoding="utf-8") as handle:
-            handle.write(report_text(env, None, None, None, None))
+            handle.write(report_text(env, None, None, None, None,
+                                     stopped="torch sees no GPU (--allow-cpu runs anyway)"))
         return 2
     built = None if args.skip_build else build(args.vendored_libyaml)
     tests = compared = upstream_text = None
