@@ -213,6 +213,9 @@ def export_failed(node: Any, error: BaseException) -> NoReturn:
     others = None
     text = ""
     if budget > 0:
+        logger.log(_logging.PROGRESS, "%s: %s failed (%s); trying the other backends (at "
+                   "most %g s, LEAPP_SURVEY_SECONDS)", node.name, error.backend,
+                   f"op {error.op}" if error.op else "see the error", budget)
         started = time.perf_counter()
         with third_party_to_log(f"surveying the backends of {node.name}"):
             others = survey(node, skip=(error.backend,), budget=budget)

@@ -20,6 +20,7 @@ line another thread prints while an exporter runs lands in log.txt too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -60,6 +61,8 @@ class ExportError(RuntimeError):
         self.where = where
         self.others = others
 
+    __module__ = "leapp"  # shown and pickled as leapp.ExportError, its public name
+
     def __reduce__(self) -> Any:  # picklable (torch's exception left out)
         return (type(self), (str(self), self.node, self.backend, self.op, self.reason,
                              self.fix, None, self.calls, self.where, None))
@@ -96,13 +99,24 @@ def compose(node: str, backend: str, op: str | None, calls: tuple, reason: str, 
                        fix=fix, error=error, calls=calls, where=where, others=others)
 
 
-def _flush_c_stdio() -> None:
-    """fflush(NULL): C stdio buffers (std::cout) reach the descriptors before they move."""
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    """The process's C library (ctypes), or None where it cannot be opened."""
     try:
         import ctypes
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError, TypeError):  # no libc to call: nothing buffered there
-        pass
+        return ctypes.CDLL(None)
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): C stdio buffers (std::cout) reach the descriptors before they move."""
+    libc = _libc()
+    if libc is not None:
+        try:
+            libc.fflush(None)
+        except (AttributeError, TypeError, OSError):  # no fflush to call: nothing buffered
+            pass
 
 
 @contextlib.contextmanager
