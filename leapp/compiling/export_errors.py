@@ -322,7 +322,7 @@ def exporter_call(node: str, backend: str, module: Any = None) -> Iterator[None]
     except ExportError:
         raise
     except Exception as error:  # noqa: BLE001  (torch's exporters raise anything)
-        if _leapps_own(error):
+        if _leapps_own(error, node):
             raise
         logger.debug("%s: torch's error exporting with %s:\n%s", node, backend,
                      "".join(traceback.format_exception(type(error), error,
@@ -330,8 +330,11 @@ def exporter_call(node: str, backend: str, module: Any = None) -> Iterator[None]
         raise describe(node, backend, error, module) from None
 
 
-def _leapps_own(error: BaseException) -> bool:
-    """An error leapp raised itself (it names the node already)."""
+def _leapps_own(error: BaseException, node: str) -> bool:
+    """An error leapp raised itself: raised in leapp's code and naming the node (torch's
+    C++ errors surface in the Python frame that called torch, which may be leapp's)."""
+    if node not in str(error):
+        return False
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
