@@ -177,3 +177,18 @@ def test_one_line_keeps_torchs_cause_and_drops_the_rest():
     long = ValueError("x" * 1000)
     assert len(one_line(long)) <= len("ValueError: ") + 300 and one_line(long).endswith("...")
     assert re.fullmatch(r"KeyError: 'k'", one_line(KeyError("k")))
+
+
+def test_a_known_cause_deep_in_torchs_chain_gives_its_fix():
+    from leapp.compiling.export_errors import describe
+    try:
+        try:
+            raise RuntimeError("Inference tensors cannot be saved for backward. To work "
+                               "around you can make a clone to get a normal tensor")
+        except RuntimeError as inner:
+            raise ValueError("Failed to export the model") from inner
+    except ValueError as outer:
+        error = describe("policy", "exported-program", outer)
+    assert error.reason == "ValueError: Failed to export the model"
+    assert error.fix.startswith("create the model's tensors outside torch.inference_mode()")
+    assert str(error).splitlines()[2].startswith("  Fix: create the model's tensors")

@@ -275,6 +275,9 @@ _FIXES = (
     (r"adaptive_(avg|max)_pool", r"factor|divis",
      "choose an output size that divides the input size (or a fixed-size pool / "
      "interpolation)"),
+    (r".*", r"inference tensor",
+     "create the model's tensors outside torch.inference_mode() (torch.no_grad() there "
+     "instead): torch's exporters refuse inference tensors"),
     (r".*", r"data.dependent|guard|GuardOnDataDependent",
      "replace the data-dependent size or branch with a fixed one (docs/tracing.md)"),
 )
@@ -307,7 +310,13 @@ def describe(node: str, backend: str, error: BaseException,
     op = failing_op(error, module)
     reason = one_line(error)
     calls = tuple(op_calls(module, op)) if op else ()
-    return compose(node, backend, op, calls, reason, fix_for(backend, op, reason), error)
+    chain, seen, cause = [], set(), error  # the causes torch's wrappers hide
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    return compose(node, backend, op, calls, reason, fix_for(backend, op, " ".join(chain)),
+                   error)
 
 
 @contextlib.contextmanager
