@@ -50,7 +50,7 @@ UPSTREAM_WHEEL = os.path.join(VENDOR, "leapp-0.7.2-py3-none-any.whl")
 DEFAULT_TESTS = ["tests/test_cuda.py"]
 # What our leapp, its tests and upstream's need at run time (import names).
 PACKAGES = ["torch", "numpy", "yaml", "onnx", "onnxruntime", "onnxscript", "onnx_ir",
-            "safetensors", "PIL", "pytest", "rsl_rl", "tensordict", "tqdm"]
+            "safetensors", "PIL", "pytest", "rsl_rl", "tensordict", "tqdm", "setuptools"]
 HEADER_DIRS = ["/usr/include", "/usr/local/include"]
 LIBRARY_DIRS = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
                 "/usr/lib/aarch64-linux-gnu"]
@@ -79,6 +79,11 @@ def environment() -> dict:
     except Exception as exc:  # noqa: BLE001  (reported, the run goes on)
         found["torch"] = f"not importable: {type(exc).__name__}: {exc}"
         found["gpu"] = None
+    # what building the C core needs besides libyaml: a C compiler and Python's headers
+    import sysconfig
+    found["compiler"] = shutil.which("cc") or shutil.which("gcc")
+    found["Python.h"] = os.path.exists(os.path.join(sysconfig.get_paths()["include"],
+                                                    "Python.h"))
     try:
         import onnxruntime
         found["onnxruntime providers"] = onnxruntime.get_available_providers()
@@ -227,6 +232,8 @@ def report_text(env: dict, built: dict | None, tests: dict | None, compared: lis
     lines.append(f"- onnxruntime providers: {', '.join(env['onnxruntime providers']) or 'none'}")
     lines.append("- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items()))
     lines.append(f"- missing: {', '.join(env['missing']) or 'none'}")
+    lines.append(f"- C compiler: {env.get('compiler') or 'none'}; Python.h: "
+                 f"{'present' if env.get('Python.h') else 'missing (install python3-dev)'}")
     if built is not None:
         first = "" if env["python"].startswith("3.11") else \
             f" (the first build of the C core on Python {env['python']})"
