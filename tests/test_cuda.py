@@ -272,3 +272,26 @@ def test_rsl_rl_actor_critic_on_the_device(tmp_path, device):
                                        rtol=TOL, atol=TOL)
             torch.testing.assert_close(got["critic/value"].to(device), eager_critic(obs),
                                        rtol=TOL, atol=TOL)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["jit", "pt2"])
+def test_the_runtime_loop_does_not_synchronise_the_gpu(tmp_path, backend):
+    """InferenceManager's C step program with CUDA tensors: no host synchronisation
+    where the eager model has none (torch's sync debug mode turns one into an error)."""
+    yaml_path = trace_encoder(str(tmp_path), "cuda", backend)
+    manager = leapp.InferenceManager(yaml_path)
+    torch.manual_seed(0)
+    model = Encoder().cuda().eval()
+    inputs = [observation(step, "cuda") for step in range(3)]
+    manager.run_policy({"encoder/obs": inputs[0]})  # first call: loading, warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            for x in inputs:
+                model(x)  # eager: no synchronisation
+            for x in inputs:
+                manager.run_policy({"encoder/obs": x})
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
