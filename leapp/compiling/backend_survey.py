@@ -208,6 +208,7 @@ def export_failed(node: Any, error: BaseException) -> NoReturn:
         except Exception:  # noqa: BLE001  (a class that is not rebuilt from a message)
             kind = RuntimeError
         fatal(message, kind, cause=error)
+    assert isinstance(error, ExportError)  # for type checkers: fatal() raised otherwise
     where = where_traced(info(node).origins)
     budget = budget_seconds()
     others = None

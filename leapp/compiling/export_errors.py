@@ -310,7 +310,9 @@ def describe(node: str, backend: str, error: BaseException,
     op = failing_op(error, module)
     reason = one_line(error)
     calls = tuple(op_calls(module, op)) if op else ()
-    chain, seen, cause = [], set(), error  # the causes torch's wrappers hide
+    chain: list[str] = []  # the causes torch's wrappers hide
+    seen: set[int] = set()
+    cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         chain.append(str(cause))

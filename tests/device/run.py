@@ -118,7 +118,9 @@ def _run(cmd: list[str], env: dict | None = None, timeout: float = 1800,
                               env=dict(os.environ, **(env or {})))
         code, text = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        code, text = 124, f"timed out after {timeout:.0f} s\n{exc.stdout or ''}"
+        partial = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        code, text = 124, f"timed out after {timeout:.0f} s\n{partial}"
     return code, text, time.perf_counter() - started
 
 
@@ -141,7 +143,7 @@ def build(force_vendored: bool = False) -> dict:
 
 def junit_summary(path: str) -> dict:
     """Counts and failing test ids from pytest's JUnit XML."""
-    summary = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
+    summary: dict = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
     if not os.path.exists(path):
         return summary
     root = ElementTree.parse(path).getroot()
