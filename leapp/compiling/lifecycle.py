@@ -196,8 +196,9 @@ def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
                                          [p.name for p in node.inputs],
                                          [p.name for p in node.outputs], work_dir, context)
                     cache.remember(node, key, result, notes)
-        except Exception as exc:
-            fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
+        except Exception as exc:  # one clear error, with the backends that do export it
+            from .backend_survey import export_failed
+            export_failed(node, exc)
         result.seconds = time.perf_counter() - started
         exported[node.name] = result
         progress.exported(node.name, _backend_label(node_info.export_with, result),
