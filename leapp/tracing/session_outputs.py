@@ -21,7 +21,7 @@ from .state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import describe, is_tensor, tensor_leaf
+from .session_checks import DERIVED, describe, is_tensor, tensor_leaf
 
 
 class NodeOutputs:
@@ -393,8 +393,16 @@ class DeclaredState:
         if carrier is not None and carrier.node is node:
             return
         file, line = call_site()
-        origin = (f"a value of node '{carrier.node.name}'" if carrier is not None
-                  else "a value computed outside the node's traced ops")
+        tag = getattr(value, "__dict__", {}).get(DERIVED) if carrier is None else None
+        if carrier is not None:
+            origin = f"a value of node '{carrier.node.name}'"
+        elif isinstance(tag, tuple) and len(tag) == 3 and tag[0] == node.name:
+            origin = (f"a value computed by '{tag[2]}' from its published output '{tag[1]}' "
+                      f"(published values are constants once output_tensors has run; "
+                      f"use the value the model returned, before it was published)")
+        else:
+            origin = "a value computed outside the node's traced ops"
+
         fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
               f"comes after the node's output_tensors and receives {origin}: the update "
               f"cannot be tied to the call that declared the state, so the exported state "
