@@ -346,7 +346,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
         handle.write(model.to_yaml())
     from .deploy_check import log_compile
-    log_compile(model, None if skip_export else staging)
+    log_compile(model, None if skip_export else staging, bundle)
     if visualize:
         _visualize(staging, bundle, cfg.graph_name, model)
     written = os.listdir(staging)
