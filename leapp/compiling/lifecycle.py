@@ -448,7 +448,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
             _checkpoint("validated")
             if fuse and not skip_export:
                 _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
-            _log_artifacts(cfg, bundle, nodes, exported, models)
+            if not skip_export:  # as upstream: a dry run writes no artifacts record
+                _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
             if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
                 from ..view import write_staged
