@@ -359,9 +359,11 @@ class DeclaredState:
                 value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
+                # upstream's words first, then the node and the fix
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "
-                      f"state tensor of node '{node_name}'. Declare it first with "
-                      f"annotate.state_tensors('{node_name}', {{'{name}': initial}}).")
+                      f"state tensor. Call state_tensors() first. Node '{node_name}' has no "
+                      f"state '{name}': declare it with annotate.state_tensors('{node_name}', "
+                      f"{{'{name}': initial}}) before updating it.")
             if node.is_tracing:
                 self._check_outputs("update_state", node, [Leaf(name, value, None, (name,))])
             elif node.in_tail and name in node_info.late_states:
