@@ -55,21 +55,11 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
-    st->same_layout = 0;
-    if (PyType_Check(traced) && PyType_Check(tensor)) {
-        PyTypeObject *a = (PyTypeObject *)traced, *b = (PyTypeObject *)tensor;
-        st->same_layout = PyType_IsSubtype(a, b) && a->tp_basicsize == b->tp_basicsize
-                          && a->tp_itemsize == b->tp_itemsize
-                          && a->tp_dictoffset == b->tp_dictoffset
-                          && a->tp_weaklistoffset == b->tp_weaklistoffset
-                          && (a->tp_flags & Py_TPFLAGS_HEAPTYPE)
-                          && (b->tp_flags & Py_TPFLAGS_HEAPTYPE);
-    }
     PyDict_Clear(st->op_kinds);
     Py_RETURN_NONE;
 }
 
-/* _bind_alias(link, write): the alias-provenance hooks (leapp._alias), called
+/* _bind_alias(link, write): the alias-provenance hooks (leapp.tracing.alias), called
  * only for ops that may return views and for in-place writes on values that
  * have aliases, so the common op never leaves C. */
 static PyObject *
@@ -89,7 +79,7 @@ module_bind_alias(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* _bind_script(call, note_random): the TorchScript hook (leapp._script),
+/* _bind_script(call, note_random): the TorchScript hook (leapp.tracing.script),
  * called for ops of kind OP_SCRIPTED, and the random-op hook, called for ops
  * flagged OP_RANDOM; both only while a node traces. */
 static PyObject *
@@ -160,6 +150,23 @@ leapp_refuse_thread(leapp_state *st, PyObject *what)
     }
     Py_XDECREF(done);
     return NULL;
+}
+
+PyObject *
+leapp_func_name(PyObject *func)
+{
+    PyObject *name = PyObject_GetAttrString(func, "__name__");
+    if (name == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            goto done;                /* the lookup itself failed */
+        }
+        PyErr_Clear();                /* only the missing attribute: a callable without a name */
+    }
+    if (name == NULL || !PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) == 0) {
+        Py_XSETREF(name, PyObject_Repr(func)); /* absent, empty or not a str */
+    }
+done:
+    return name;
 }
 
 static PyObject *
@@ -292,7 +299,7 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The kinds the facade hands back (leapp._ops.classify) or reads (Ref.kind),
+/* The kinds the facade hands back (leapp.tracing.ops.classify) or reads (Ref.kind),
  * exported so that Python never repeats their numbers. */
 static int
 module_add_constants(PyObject *module)
@@ -360,6 +367,12 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
 #ifdef Py_mod_multiple_interpreters
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The core relies on the GIL: the session's state, the nodes' op logs and
+     * the instance dicts it writes are unsynchronised.  A free-threaded
+     * CPython turns the GIL on when it imports this module. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
 #endif
     {0, NULL},
 };

@@ -7,7 +7,7 @@ from typing import Any, Final, final
 
 import torch
 
-# Op kinds (csrc/leapp.h): what leapp._ops.classify answers for a torch function.
+# Op kinds (csrc/leapp.h): what leapp.tracing.ops.classify answers for a torch function.
 OP_PLAIN: Final[int]
 OP_INPLACE: Final[int]
 OP_COPY: Final[int]
@@ -48,7 +48,7 @@ class Carrier:
     declared: int
     dynamic: int
     port: str | None
-    group: Any  # leapp._alias.AliasGroup, or None
+    group: Any  # leapp.tracing.alias.AliasGroup, or None
     @property
     def active(self) -> bool: ...
 
