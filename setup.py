@@ -3,7 +3,8 @@
 Environment:
   LEAPP_DEV_BUILD=1           warnings are errors (-Werror): the Makefile and CI set it;
                               users' builds (pip install) warn and go on.
-  LEAPP_SANITIZE=1            ASan + UBSan build (make test-asan).
+  LEAPP_SANITIZE=1            ASan + UBSan build with assert() on (make test-asan): CI
+                              checks the invariants csrc/ states under the sanitizers.
   LEAPP_DEBUG_BUILD=1         -O0 -g3 with assert() on: the invariants csrc/ states are
                               checked at run time (make debug); release builds drop them.
   LEAPP_YAML_INCLUDE_DIRS     where yaml.h lies when it is not on the compiler's path
@@ -76,7 +77,7 @@ if os.environ.get("LEAPP_DEV_BUILD") == "1":
 extra_link = []
 if os.environ.get("LEAPP_SANITIZE") == "1":
     extra_compile += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-                      "-fno-sanitize-recover=undefined"]
+                      "-fno-sanitize-recover=undefined", "-UNDEBUG"]
     extra_link += ["-fsanitize=address,undefined"]
 
 setup(

@@ -27,7 +27,9 @@
  * commented where they are taken.
  *
  * assert() states the invariants these comments describe; release builds
- * compile them out (NDEBUG), LEAPP_DEBUG_BUILD=1 (make debug) keeps them.
+ * compile them out (NDEBUG), LEAPP_DEBUG_BUILD=1 (make debug, make
+ * test-debug) and LEAPP_SANITIZE=1 (make test-asan) keep them; the module's
+ * ASSERTS constant says which.
  */
 #ifndef LEAPP_H
 #define LEAPP_H

@@ -315,8 +315,19 @@ module_add_constants(PyObject *module)
         {"REF_VALUE", REF_VALUE}, {"REF_CONST", REF_CONST},
     };
     int rc = 0;
+#ifdef NDEBUG
+    const int asserts = 0;
+#else
+    const int asserts = 1;
+#endif
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]) && rc == 0; i++) {
         rc = PyModule_AddIntConstant(module, constants[i].name, constants[i].value);
+    }
+    if (rc == 0) {
+        /* whether assert() was compiled in: the debug and sanitizer builds */
+        PyObject *flag = PyBool_FromLong(asserts);
+        rc = PyModule_AddObjectRef(module, "ASSERTS", flag);
+        Py_DECREF(flag);
     }
     return rc;
 }

@@ -23,6 +23,8 @@ OP_RANDOM: Final[int]
 # Ref kinds: what a Ref inside a recorded op points at.
 REF_VALUE: Final[int]
 REF_CONST: Final[int]
+# Whether the core was built with assert() on (the debug and sanitizer builds).
+ASSERTS: Final[bool]
 
 # An op record of Node.ops: (func, args template, kwargs template, output value ids).
 OpRecord = tuple[Any, tuple[Any, ...], dict[str, Any], Any]
