@@ -217,6 +217,17 @@ promoted_remember(leapp_state *st, PyObject *obj)
     return rc;
 }
 
+/* `obj.__class__ = cls`: object's descriptor called directly when _bind
+ * found nothing else in the way (CPython's checks run, a managed dict is
+ * materialised first), else through PyObject_SetAttr. */
+static int
+set_class(leapp_state *st, PyObject *obj, PyObject *cls)
+{
+    PyObject *setter = st->class_setter; /* borrowed from st */
+    return setter != NULL ? Py_TYPE(setter)->tp_descr_set(setter, obj, cls)
+                          : PyObject_SetAttr(obj, st->str_class, cls);
+}
+
 /* Forget obj's carrier and derived tag and make it a plain torch.Tensor
  * again, in place. */
 static int
@@ -237,7 +248,7 @@ carrier_demote(leapp_state *st, PyObject *obj)
     }
     Py_XDECREF(dict);
     if (rc == 0) {
-        rc = PyObject_SetAttr(obj, st->str_class, st->tensor_type);
+        rc = set_class(st, obj, st->tensor_type);
     }
 done:
     return rc;
@@ -354,9 +365,9 @@ carrier_promote(leapp_state *st, PyObject *obj)
     if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type) {
         return 0;
     }
-    /* `obj.__class__ = TracedTensor`: CPython checks the layouts and
-     * materialises a managed dict before the class changes. */
-    return PyObject_SetAttr(obj, st->str_class, st->traced_type);
+    /* `obj.__class__ = TracedTensor` (set_class): CPython checks the layouts
+     * and materialises a managed dict before the class changes. */
+    return set_class(st, obj, st->traced_type);
 }
 
 /* carrier_of(obj) -> Carrier | None */

@@ -3,7 +3,7 @@
 
 #define STATE_OBJECTS(X)                                                     \
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
-    X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
+    X(program_type) X(traced_type) X(tensor_type) X(run_disabled) X(class_setter) \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(guard) X(getitem) X(bool_dtype) \
     X(script_call) X(note_random)                                           \
@@ -36,6 +36,50 @@ module_free(void *module)
     (void)module_clear((PyObject *)module);
 }
 
+/* object's __class__ descriptor (a new reference) when no class of traced's
+ * MRO but object defines __class__ or __setattr__: then `obj.__class__ = cls`
+ * on a TracedTensor or a torch.Tensor runs that descriptor's setter, and
+ * carrier.c may call it directly.  NULL otherwise, or with an exception set. */
+static PyObject *
+find_class_setter(PyObject *traced, PyObject *str_class)
+{
+    PyObject *mro = NULL, *setter = NULL, *dict = NULL, *str_setattr = NULL;
+    Py_ssize_t i;
+    int in_the_way = 0;
+    if (!PyType_Check(traced)) {
+        goto done;
+    }
+    mro = PyObject_GetAttrString(traced, "__mro__");
+    str_setattr = mro != NULL ? PyUnicode_InternFromString("__setattr__") : NULL;
+    if (str_setattr == NULL || !PyTuple_Check(mro)) {
+        goto done;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(mro) && in_the_way == 0; i++) {
+        PyObject *cls = PyTuple_GET_ITEM(mro, i); /* borrowed from mro */
+        if (cls == (PyObject *)&PyBaseObject_Type) {
+            continue;
+        }
+        dict = PyObject_GetAttrString(cls, "__dict__");
+        in_the_way = dict == NULL ? -1 : PySequence_Contains(dict, str_class);
+        if (in_the_way == 0) {
+            in_the_way = PySequence_Contains(dict, str_setattr);
+        }
+        Py_CLEAR(dict);
+    }
+    if (in_the_way == 0) {
+        dict = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__dict__");
+        setter = dict != NULL ? PyObject_GetItem(dict, str_class) : NULL;
+        if (setter != NULL && Py_TYPE(setter)->tp_descr_set == NULL) {
+            Py_CLEAR(setter);         /* not a data descriptor: the generic path */
+        }
+    }
+done:
+    Py_XDECREF(dict);
+    Py_XDECREF(str_setattr);
+    Py_XDECREF(mro);
+    return setter;
+}
+
 /* _bind(traced_type, tensor_type, run_disabled, classify, rewrite, alias,
  *       session_api): the facade hands over the torch objects
  * once at import, so the extension never needs torch to build. */
@@ -55,6 +99,10 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
+    Py_XSETREF(st->class_setter, find_class_setter(traced, st->str_class));
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
     PyDict_Clear(st->op_kinds);
     Py_RETURN_NONE;
 }
