@@ -217,15 +217,18 @@ promoted_remember(leapp_state *st, PyObject *obj)
     return rc;
 }
 
-/* `obj.__class__ = cls`: object's descriptor called directly when _bind
- * found nothing else in the way (CPython's checks run, a managed dict is
- * materialised first), else through PyObject_SetAttr. */
+/* `obj.__class__ = cls`: object's descriptor called directly for a
+ * TracedTensor or a torch.Tensor when _bind found nothing else in the way
+ * (CPython's checks run, a managed dict is materialised first), else through
+ * PyObject_SetAttr (another subclass may have a __setattr__ of its own). */
 static int
 set_class(leapp_state *st, PyObject *obj, PyObject *cls)
 {
     PyObject *setter = st->class_setter; /* borrowed from st */
-    return setter != NULL ? Py_TYPE(setter)->tp_descr_set(setter, obj, cls)
-                          : PyObject_SetAttr(obj, st->str_class, cls);
+    int direct = setter != NULL && (Py_TYPE(obj) == (PyTypeObject *)st->traced_type
+                                    || Py_TYPE(obj) == (PyTypeObject *)st->tensor_type);
+    return direct ? Py_TYPE(setter)->tp_descr_set(setter, obj, cls)
+                  : PyObject_SetAttr(obj, st->str_class, cls);
 }
 
 /* Forget obj's carrier and derived tag and make it a plain torch.Tensor

@@ -76,10 +76,11 @@ typedef struct {
     PyObject *tensor_type;    /* torch.Tensor */
     PyObject *run_disabled;   /* torch._C._disabled_torch_function_impl */
     PyObject *class_setter;   /* object.__dict__["__class__"], the descriptor that
-                               * `obj.__class__ = cls` runs, when _bind found no
-                               * __class__ or __setattr__ of TracedTensor's own
-                               * classes in the way; else NULL (carrier.c then
-                               * goes through PyObject_SetAttr) */
+                               * `obj.__class__ = cls` runs on a TracedTensor or a
+                               * torch.Tensor, when _bind found no __class__ or
+                               * __setattr__ of TracedTensor's own classes in the
+                               * way; else NULL (carrier.c then goes through
+                               * PyObject_SetAttr) */
     PyObject *classify;       /* func -> kind (int) */
     PyObject *rewrite;        /* (func, args, kwargs) -> (func, args, kwargs) */
     PyObject *alias;          /* tensor -> new TracedTensor sharing storage */

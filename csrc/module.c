@@ -36,17 +36,19 @@ module_free(void *module)
     (void)module_clear((PyObject *)module);
 }
 
-/* object's __class__ descriptor (a new reference) when no class of traced's
- * MRO but object defines __class__ or __setattr__: then `obj.__class__ = cls`
- * on a TracedTensor or a torch.Tensor runs that descriptor's setter, and
- * carrier.c may call it directly.  NULL otherwise, or with an exception set. */
+/* object's __class__ descriptor (a new reference) when traced subclasses
+ * tensor and no class of traced's MRO but object defines __class__ or
+ * __setattr__: then `obj.__class__ = cls` on an instance of exactly one of the
+ * two runs that descriptor's setter, and carrier.c may call it directly.
+ * NULL otherwise, or with an exception set. */
 static PyObject *
-find_class_setter(PyObject *traced, PyObject *str_class)
+find_class_setter(PyObject *traced, PyObject *tensor, PyObject *str_class)
 {
     PyObject *mro = NULL, *setter = NULL, *dict = NULL, *str_setattr = NULL;
     Py_ssize_t i;
     int in_the_way = 0;
-    if (!PyType_Check(traced)) {
+    if (!PyType_Check(traced) || !PyType_Check(tensor)
+        || !PyType_IsSubtype((PyTypeObject *)traced, (PyTypeObject *)tensor)) {
         goto done;
     }
     mro = PyObject_GetAttrString(traced, "__mro__");
@@ -99,7 +101,7 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
-    Py_XSETREF(st->class_setter, find_class_setter(traced, st->str_class));
+    Py_XSETREF(st->class_setter, find_class_setter(traced, tensor, st->str_class));
     if (PyErr_Occurred()) {
         return NULL;
     }
