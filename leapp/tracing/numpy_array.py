@@ -288,6 +288,22 @@ def is_active(a: Any) -> bool:
     return carrier is not None and bool(carrier.active)
 
 
+def holds_active(obj: Any) -> bool:
+    """Whether obj holds a value of a node that is still tracing: a traced tensor or a
+    TracedArray, at any depth of lists, tuples and dicts (the session patches and the
+    TorchScript calls trace a call that passes one)."""
+    if isinstance(obj, TracedArray):
+        return is_active(obj)
+    carrier = _core.carrier_of(obj)
+    if carrier is not None:
+        return bool(carrier.active)
+    if isinstance(obj, (list, tuple)):
+        return any(holds_active(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(holds_active(o) for o in obj.values())
+    return False
+
+
 def shadow_of(value: Any) -> Any:
     """The traced tensor behind a TracedArray (value itself otherwise)."""
     if isinstance(value, TracedArray) and value._shadow is not None:
