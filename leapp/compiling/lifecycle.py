@@ -18,7 +18,7 @@ from ..bundle.digest import file_digests
 from ..bundle.log import fatal, logger, section
 from .progress import NO_MODEL, CompileProgress, third_party_to_log
 from ..tracing.session import check_session_thread, info
-from ..tracing.state import SESSION, SessionConfig
+from ..tracing.session_state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
 from .._version import __implementation__, __version__  # noqa: F401

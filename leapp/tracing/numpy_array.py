@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from .state import SESSION
+from .session_state import SESSION
 
 # TracedArray's NumPy protocol: leapp.tracing.numpy_ufuncs and numpy_functions build on this
 # module and register their dispatchers here once, when imported (numpy_patches imports both).

@@ -16,7 +16,7 @@ from .buffers import BufferTracker
 from ..bundle.log import fatal, logger
 from .node_info import info
 from .payload import Leaf, flatten, normalize, rebuild
-from .state import SESSION
+from .session_state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
