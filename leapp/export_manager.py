@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from . import _core, annotate
 from .bundle.log import fatal, logger
-from .tracing.session import info
+from .tracing.annotations import info
 from .tracing.session_state import SESSION, SessionConfig
 
 

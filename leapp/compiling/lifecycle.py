@@ -17,7 +17,7 @@ from ..bundle import log as _logging
 from ..bundle.digest import file_digests
 from ..bundle.log import fatal, logger, section
 from .progress import NO_MODEL, CompileProgress, third_party_to_log
-from ..tracing.session import check_session_thread, info
+from ..tracing.annotations import check_session_thread, info
 from ..tracing.session_state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
