@@ -98,12 +98,16 @@ STATE_SOURCES = ["direct", "tail_op", "from_output"]
 #
 # Each entry: id, program (the generated program that showed it, "s<seed>_<index>":
 # `--print` writes it out, case_program() regenerates it), check (the class's
-# check name), pattern (a regex searched in the class signature and the
-# difference text), optional feature (a program feature the program must have),
-# reason.  KNOWN_DIFFERENCES are bugs of this
-# package being fixed now: delete an entry once its fix lands (the fuzz test
-# then holds the fix).  DEPARTURES are decided, documented in
-# docs/compatibility.md, and stay.
+# check name), outcome (for check "outcome": the class's "ours X, upstream Y"
+# exactly), ours and upstream (regexes, each searched in that side's own line of
+# the difference: "ok" or the start of its message), optional feature (a program
+# feature the program must have), reason.  A difference is explained only when
+# every one of these matches, so another error of ours in a program where
+# upstream fails the same way is not explained by it.  KNOWN_DIFFERENCES are bugs
+# of this package being fixed now: delete an entry once its fix lands (the fuzz
+# test then holds the fix).  DEPARTURES are decided, documented in
+# docs/compatibility.md, and stay; tests/test_fuzz.py re-runs their programs
+# under both packages to show each still stands and is explained by its entry.
 
 # ---- KNOWN DIFFERENCES: bugs of ours, to shrink as fixes land ------------
 KNOWN_DIFFERENCES: list[dict] = []
@@ -126,30 +130,33 @@ FIXED: list[dict] = [
 # ---- DEPARTURES: deliberate, documented in docs/compatibility.md --------
 DEPARTURES: list[dict] = [
     {"id": "upstream-validation-self-feedback", "program": "s1_0049", "check": "outcome",
-     "pattern": r"ours ok, upstream Exception.*Model validation failed",
+     "outcome": "ours ok, upstream Exception", "ours": r"^ok$",
+     "upstream": r"^Model validation failed for 1 node\(s\): \['n0'\]$",
      "reason": "in-place indexing writes (x[idx] = v) exported through the TorchScript ONNX "
                "exporter: upstream's model has a ScatterND whose updates do not match its "
                "indices, so onnxruntime refuses it and upstream's own validation fails; "
                "ours records the functional write and validates (docs/compatibility.md, "
                "'Where upstream fails')"},
     {"id": "jit-script-python-operators", "program": "s1_0136", "check": "outcome",
-     "pattern": r"ours ok, upstream RuntimeError.*Error compiling model.*"
-                r"(has no attribute or method '\w+'|Arguments for call are not valid)",
+     "outcome": "ours ok, upstream RuntimeError", "ours": r"^ok$",
+     "upstream": r"^Error compiling model \w+: .*"
+                 r"(has no attribute or method '\w+'|Arguments for call are not valid)",
      "reason": "upstream records some ops in a form torch.jit.script rejects (x // 0.5 "
                "as a dunder call, x.bool(), x.norm(dim=-1) with p='fro'); ours records the torch "
                "op as called, so the node exports (docs/compatibility.md, 'Operators "
                "under jit')"},
     {"id": "tensor-mT-then-eager-error", "program": "s11_0030", "check": "outcome",
-     "pattern": r"ours RuntimeError, upstream AttributeError.*upstream: 'method-wrapper' "
-                r"object has no attribute '__module__'",
+     "outcome": "ours RuntimeError, upstream AttributeError",
+     "ours": r"^view size is not compatible with input tensor's size and stride",
+     "upstream": r"^'method-wrapper' object has no attribute '__module__'$",
      "reason": "upstream fails tracing x.mT; ours traces it, and the program goes on to an "
                "error of its own that upstream never reaches (torch's view error on the "
                "non-contiguous x.mT, the same value declared twice, which upstream refuses "
                "too): docs/compatibility.md, 'Where upstream fails'"},
     {"id": "late-state-update-is-feedback", "program": "s1_0002", "check": "outcome",
      "feature": "state",
-     "pattern": r"ours ok, upstream (Runtime)?Exception.*upstream: Error: Reentering \w+ "
-                r"with new i/o \w+ but failed to find it",
+     "outcome": "ours ok, upstream Exception", "ours": r"^ok$",
+     "upstream": r"^Error: Reentering \w+ with new i/o \w+ but failed to find it",
      "reason": "declared state whose update_state comes after the node's output_tensors, "
                "or in its next call before its state_tensors (an export loop that masks "
                "the LSTM state after the environment step): upstream refuses it when the "
@@ -158,9 +165,9 @@ DEPARTURES: list[dict] = [
                "updated late')"},
     {"id": "late-state-update-untied-refused", "program": "s1_0028", "check": "message",
      "feature": "state",
-     "pattern": r"upstream: Error: Reentering \w+ with new i/o \w+ but failed to find it"
-                r".*\nours: Error: update_state for state '\w+' of node '\w+' at \S+ "
-                r"comes after the node's output_tensors",
+     "ours": r"^Error: update_state for state '\w+' of node '\w+' at \S+ comes after "
+             r"the node's output_tensors",
+     "upstream": r"^Error: Reentering \w+ with new i/o \w+ but failed to find it",
      "reason": "a late update_state (after output_tensors, or in the node's next call) "
                "whose value is not one of the node's traced values (here an op on the "
                "node's published output, made after its output_tensors): both refuse; "
@@ -169,31 +176,50 @@ DEPARTURES: list[dict] = [
                "(docs/compatibility.md, 'Declared state updated late')"},
     {"id": "late-state-update-then-own-error", "program": "s1_0010", "check": "message",
      "feature": "state",
-     "pattern": r"upstream: Error: Reentering \w+ with new i/o \w+ but failed to find it"
-                r".*\nours: (?!Error: update_state for state)",
+     "ours": r"^(?!Error: update_state for state)",
+     "upstream": r"^Error: Reentering \w+ with new i/o \w+ but failed to find it",
      "reason": "upstream refuses the late update_state when the node is entered again; "
                "ours accepts it (the state is feedback), and the program goes on to an "
                "error of its own that upstream never reaches (a value fed twice to one "
                "node, refused by both packages without the late update): "
                "docs/compatibility.md, 'Declared state updated late'"},
     {"id": "tensor-mT-property", "program": "s7_0092", "check": "outcome",
-     "pattern": r"ours ok, upstream AttributeError.*'method-wrapper' object has no "
-                r"attribute '__module__'",
+     "outcome": "ours ok, upstream AttributeError", "ours": r"^ok$",
+     "upstream": r"^'method-wrapper' object has no attribute '__module__'$",
      "reason": "upstream fails tracing the x.mT property (AttributeError); ours records "
                "it (docs/compatibility.md, 'Where upstream fails')"},
 ]
 
 
+def _side(diff: dict, side: str) -> str | None:
+    """The ``side`` ("ours" / "upstream") line of a difference, without its label."""
+    for line in diff["details"]:
+        if line.startswith(side + ": ") or line.startswith(side + " "):
+            return line.split(" ", 1)[1]
+    return None
+
+
+def matches(entry: dict, diff: dict) -> bool:
+    """Whether the table entry explains ``diff``: its check, outcome, feature and both
+    sides' lines all match."""
+    if entry["check"] != diff["check"]:
+        return False
+    if entry.get("feature") and entry["feature"] not in diff.get("features", []):
+        return False
+    if diff["check"] == "outcome" and diff["class"] != "outcome: " + entry["outcome"]:
+        return False
+    for side in ("ours", "upstream"):
+        line = _side(diff, side)
+        if line is None or not re.search(entry[side], line, re.S):
+            return False
+    return True
+
+
 def explain(diff: dict) -> dict | None:
     """The KNOWN_DIFFERENCES or DEPARTURES entry explaining `diff`, if any."""
-    text = diff["class"] + "\n" + "\n".join(diff["details"])
     for table, kind in ((DEPARTURES, "departure"), (KNOWN_DIFFERENCES, "known")):
         for entry in table:
-            if entry["check"] != diff["check"]:
-                continue
-            if entry.get("feature") and entry["feature"] not in diff["features"]:
-                continue
-            if re.search(entry["pattern"], text, re.S):
+            if matches(entry, diff):
                 return dict(entry, kind=kind)
     return None
 

@@ -170,7 +170,7 @@ tag_derived(leapp_state *st, PyObject *t, PyObject *tag)
 /* Ops outside every node while a session runs.  A tensor result computed
  * from a published value (or from a result tagged so) is tagged "derived
  * from port P of node N by func": an input declared from it would silently be
- * a new graph input, and the facade says so (leapp.tracing.session). */
+ * a new graph input, and the facade says so (leapp.tracing.annotations). */
 PyObject *
 trace_inactive(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
                PyObject *args, PyObject *kwargs)

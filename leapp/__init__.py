@@ -18,7 +18,7 @@ from . import _core
 from .tracing import ops as _ops, script as _script
 from .tracing import alias as _alias  # noqa: F401  (binds the alias hooks into the core)
 from .tracing import guards as _guards  # noqa: F401  (binds the guard hook into the core)
-from .tracing.session import API
+from .tracing.annotations import API
 from .tracing.traced import TracedTensor, alias
 
 _core._bind(TracedTensor, torch.Tensor, torch._C._disabled_torch_function_impl,

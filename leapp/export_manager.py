@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 from . import _core, annotate
 from .bundle.log import fatal, logger
-from .tracing.session import info
-from .tracing.state import SESSION, SessionConfig
+from .tracing.annotations import info
+from .tracing.session_state import SESSION, SessionConfig
 
 
 def _as_lists(value: Any) -> Any:

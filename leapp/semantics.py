@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .bundle.log import fatal, logger
+from .bundle.pipeline import flow
 
 TEMPORAL_AXIS = "__temporal_axis__"
 
@@ -203,13 +204,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _flow(value: Any) -> Any:
-    """Lists become tuples: the YAML emitter writes tuples in flow style."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_flow(v) for v in value)
-    return value
-
-
 def _copied(value: Any) -> Any:
     """value with its lists and dicts copied (the YAML fields never alias the caller's)."""
     if isinstance(value, list):
@@ -248,7 +242,7 @@ def yaml_fields(semantics: TensorSemantics) -> dict | None:
         if hasattr(value, "value"):
             out[key] = value.value
         elif key == "element_names" and is_axis_list(value):
-            out[key] = _flow(value)
+            out[key] = flow(value)
         else:
             out[key] = _copied(value)
     return out or None

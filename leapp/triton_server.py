@@ -5,9 +5,11 @@
 # only keeps `leapp.triton_server` importable.  Add nothing here.
 """
 from .serving.triton_server import (  # noqa: F401
-    TritonServer, TritonUnavailable, find_tritonserver, free_ports,
+    TritonServer, TritonServerError, TritonUnavailable, failed_models, find_tritonserver,
+    free_ports,
 )
 
 __all__ = [
-    "TritonServer", "TritonUnavailable", "find_tritonserver", "free_ports",
+    "TritonServer", "TritonServerError", "TritonUnavailable", "failed_models",
+    "find_tritonserver", "free_ports",
 ]

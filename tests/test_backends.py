@@ -538,6 +538,36 @@ def test_onnx_dropped_input_is_reported(tmp_path, caplog):
     _assert_close("z", got[0], x0 * 2.0)
 
 
+@pytest.mark.parametrize("fault", ["invalid", "checker"])
+def test_onnx_check_failures_are_warnings_naming_the_node(tmp_path, caplog, monkeypatch, fault):
+    """Faults planted in onnx.checker: a model it finds invalid and a checker that itself
+    fails are both said at WARNING, naming the node and what failed; the node still
+    exports and validates."""
+    import onnx.checker
+
+    def check_model(path, *args, **kwargs):
+        if fault == "invalid":
+            raise onnx.checker.ValidationError("planted: Field 'type' of 'value_info' is required")
+        raise OSError("planted: the checker cannot read the file")
+
+    monkeypatch.setattr(onnx.checker, "check_model", check_model)
+    leapp.start(name="checked", save_path=str(tmp_path))
+    x = annotate.input_tensors("node", {"x": torch.randn(2, 3)})
+    annotate.output_tensors("node", {"z": x * 2.0}, export_with="onnx-torchscript")
+    leapp.stop()
+    with caplog.at_level("WARNING", logger="leapp"):
+        assert leapp.compile_graph(visualize=False) == {"node": True}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+                and "ONNX model validation warning" in r.getMessage()]
+    prefix = "ONNX model validation warning (model still saved): [node] "
+    want = {"invalid": prefix + "node.onnx breaks an ONNX rule: planted: Field 'type' of "
+                                "'value_info' is required",
+            "checker": prefix + "the ONNX checker could not check node.onnx (OSError: planted: "
+                                "the checker cannot read the file); onnxruntime's validation "
+                                "of the node still runs"}[fault]
+    assert warnings == [want]
+
+
 @pytest.mark.parametrize("backend", ["onnx", "onnx-torchscript"])
 def test_onnx_output_names_that_shadow_op_names(tmp_path, backend):
     """Outputs named like the exporter's own values, a passthrough and a duplicate."""

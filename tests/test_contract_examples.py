@@ -1,6 +1,8 @@
 """Every example's models, and its fused model, carry the contract their YAML states.
 
-tests/test_contract.py does this for every backend and every compat pipeline;
+tests/test_contract.py does this for every backend and every compat pipeline (against
+``expected()``, built by the same code), tests/test_contract_golden.py against literal
+contracts written by hand;
 here the bundles are the ones a new user makes first, with the examples.
 """
 from __future__ import annotations

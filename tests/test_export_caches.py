@@ -1,4 +1,4 @@
-"""The ONNX exporter's one-off costs paid once per process (leapp/_export_caches.py).
+"""The ONNX exporter's one-off costs paid once per process (leapp/compiling/export_caches.py).
 
 One pipeline (a GRU cell with declared state and a head, both "onnx", and a
 "jit" scaler) is compiled twice in this module: through the cached path, and

@@ -176,6 +176,14 @@ def test_runner_from_yaml_and_refusals(fleets, bundle):
     yaml_path, path = fleets["gru"]
     fleet = FleetRunner(yaml_path, 2)  # fused and batched on the fly
     assert fleet.robots == [0, 1] and fleet.input_shapes == {"policy/obs": [OBS]}
+    # and it steps: each robot equal to its own InferenceManager, the state carried
+    managers = {robot: InferenceManager(yaml_path) for robot in fleet.robots}
+    generator = torch.Generator().manual_seed(11)
+    initial = {name: value.clone() for name, value in fleet.state(0).items()}
+    for step in range(3):
+        _check(fleet, managers, generator, step)
+    for name, value in initial.items():
+        assert not torch.equal(fleet.state(0)[name], value), name
     with pytest.raises(FuseError, match="batched fused model: run it with"):
         FusedModel(path)
     one_robot = leapp.fuse(yaml_path, out=os.path.join(bundle.root, "one.onnx"))

@@ -3,12 +3,15 @@
 `make fuzz` is the long run.  Here a handful of generated programs run under
 this package and under upstream leapp 0.7.2; any difference that is neither a
 known difference being fixed (``fuzz.KNOWN_DIFFERENCES``) nor a documented
-departure (``fuzz.DEPARTURES``, docs/compatibility.md) fails the test.  The
+departure (``fuzz.DEPARTURES``, docs/compatibility.md) fails the test; each
+listed difference's program is run again under both packages to show that it
+still stands, as its entry (our side and upstream's) describes it.  The
 comparison itself is checked without upstream; the run skips without an
 upstream interpreter, as tests/test_compat.py does.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -110,6 +113,54 @@ def test_unlisted_difference_is_unexplained():
     diff = {"check": "outcome", "class": "outcome: ours KeyError, upstream ok",
             "details": ["ours: 'zz'"], "features": []}
     assert fuzz.explain(diff) is None
+
+
+def test_an_explanation_needs_our_side_to_match_too():
+    """Upstream failing on x.mT explains our view error there, not any error of ours."""
+    upstream = "upstream: 'method-wrapper' object has no attribute '__module__'"
+    ours = ("ours: view size is not compatible with input tensor's size and stride (at "
+            "least one dimension spans across two contiguous subspaces). Use .reshape(...) "
+            "instead.")
+    listed = {"check": "outcome", "class": "outcome: ours RuntimeError, upstream AttributeError",
+              "details": [ours, upstream], "features": []}
+    assert fuzz.explain(listed)["id"] == "tensor-mT-then-eager-error"
+    other = dict(listed, details=["ours: Node 'n1' output 'y' was declared twice", upstream])
+    assert fuzz.explain(other) is None
+    # ours failing where the entry says ours compiles: not explained either
+    property_entry = next(e for e in fuzz.DEPARTURES if e["id"] == "tensor-mT-property")
+    failed = {"check": "outcome", "class": "outcome: ours KeyError, upstream AttributeError",
+              "details": ["ours: 'zz'", upstream], "features": []}
+    assert not fuzz.matches(property_entry, failed)
+    assert fuzz.explain(failed) is None
+
+
+@pytest.mark.parametrize("entry", fuzz.KNOWN_DIFFERENCES + fuzz.DEPARTURES,
+                         ids=lambda e: e["id"])
+def test_every_explanation_names_both_sides(entry):
+    for side in ("ours", "upstream"):
+        assert entry[side] and re.compile(entry[side])
+    if entry["check"] == "outcome":
+        assert re.fullmatch(r"ours \w+, upstream \w+", entry["outcome"])
+
+
+@pytest.mark.skipif(UPSTREAM is None,
+                    reason="no upstream leapp interpreter: run `make compat` (creates "
+                           ".compat-venv) or set LEAPP_UPSTREAM_PYTHON")
+def test_every_listed_difference_still_stands(tmp_path):
+    """Each departure's and known difference's program, run again under both packages,
+    still differs, and in the way its own entry describes (both sides matched)."""
+    entries = fuzz.KNOWN_DIFFERENCES + fuzz.DEPARTURES
+    programs = [fuzz.case_program(entry["id"]) for entry in entries]
+    report = fuzz.run_programs(programs, OURS, UPSTREAM, str(tmp_path), batch=len(programs),
+                               timeout=600)
+    summary = fuzz.summarise(report)
+    assert report["tried"] == len(programs), summary
+    for entry in entries:
+        found = [d for d in report["differences"] if d["program"] == entry["program"]]
+        assert [d["check"] for d in found] == [entry["check"]], (entry["id"], summary)
+        assert fuzz.matches(entry, found[0]), (entry["id"], found[0]["class"],
+                                               found[0]["details"])
+        assert found[0]["explained"]["id"] == entry["id"]
 
 
 @pytest.mark.skipif(UPSTREAM is None,

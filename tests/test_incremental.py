@@ -201,6 +201,25 @@ def test_a_failed_compile_with_reused_files_leaves_the_old_bundle(copy, monkeypa
     assert not [n for n in os.listdir(root) if n.startswith(".leapp-")]
 
 
+def test_a_fault_in_the_keying_is_a_warning_and_the_node_is_exported(copy, monkeypatch):
+    """A fault planted in the key's computation: compile goes on, exports every node and
+    says at WARNING what failed (an unkeyable node, by contrast, is exported quietly)."""
+    root, bundle = copy
+
+    def broken(module):
+        raise TypeError("fault planted in the keying")
+
+    monkeypatch.setattr(_incremental, "_graph_lines", broken)
+    trace(root)
+    result = leapp.compile_graph(visualize=False)
+    assert result == {"a": True, "b": True} and reused(result) == {"a": False, "b": False}
+    log = open(os.path.join(bundle, "log.txt")).read()
+    for node in ("a", "b"):
+        assert (f"[WARNING]: {node}: the incremental compile's key of this node could not be "
+                "computed (TypeError: fault planted in the keying); the node is exported "
+                "again on every compile.") in log, log[-3000:]
+
+
 def _cell(step: int) -> torch.Tensor:
     """One pass of node "cell": a state h that ONNX renames h_in / h_out, an input
     "folded" it optimises away; returns the output y."""

@@ -132,10 +132,10 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_only_the_session_owner_writes_the_session_state():
     """SESSION's fields (config, patches, the NumPy switch, ...) are assigned in
-    leapp.tracing.state alone (its start / stop)."""
+    leapp.tracing.session_state alone (its start / stop)."""
     found = []
     for name, path in sorted(module_names(PACKAGE).items()):
-        if path is None or name == "leapp.tracing.state":
+        if path is None or name == "leapp.tracing.session_state":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):

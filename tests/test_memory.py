@@ -30,7 +30,15 @@ from leapp import _core, annotate
 from leapp.compiling import torch_caches as _torch_caches
 from leapp.compiling.backends import prepare_inputs
 
-OBJECTS_PER_CYCLE = 40      # measured: jit-script 1, jit-trace 4, onnx + pt2 about 2
+# GC-tracked objects retained per compile, by the backends a cycle exports with.  Measured
+# (Theil-Sen slope, the same on every run): 0 for each (earlier builds: jit 1, jit-trace 4,
+# onnx + pt2 about 2).  Each bound leaves room for a few
+# objects (torch.jit keeps some per compile in its C++ compilation unit), far below a leaked
+# session (hundreds) or a kept ShapeEnv (about two hundred).  Measure from a script outside
+# /tmp: with a directory that every compile touches on sys.path, importlib.metadata (which
+# the exporters and the incremental keys ask for package versions) keeps a cache entry per
+# change, about 11 objects per compile that are not leapp's.
+OBJECTS_PER_CYCLE = {("jit",): 3, ("jit-trace",): 8, ("onnx", "pt2"): 5}
 RSS_KIB_PER_CYCLE = 256     # measured: jit-script about 40, onnx + pt2 under 60
 # torch.jit.trace's compilation unit keeps every traced graph in C++ (about
 # 200 KiB a compile here, the same for upstream leapp): it is not leapp's to drop.
@@ -88,7 +96,7 @@ def _measure(root: str, backends: tuple[str, ...], warm_up: int, cycles: int,
         for handler in trace_handlers:
             trace.addHandler(handler)
     per_cycle = _slope(objects)
-    assert per_cycle < OBJECTS_PER_CYCLE, \
+    assert per_cycle < OBJECTS_PER_CYCLE[backends], \
         f"{backends}: {per_cycle:.1f} GC objects retained per compile"
     if not support.under_sanitizer():  # ASan's quarantine holds freed memory
         kib = _slope(rss)
@@ -179,4 +187,6 @@ def test_slope_is_robust_and_catches_a_steady_leak():
     flat = [1000.0 + (37.0 if i == 20 else 0.0) + (i % 3) for i in range(50)]
     assert abs(_slope(flat)) < 1.0
     leaking = [1000.0 + 60.0 * i + (i % 7) for i in range(50)]
-    assert _slope(leaking) > OBJECTS_PER_CYCLE
+    assert _slope(leaking) > max(OBJECTS_PER_CYCLE.values())
+    slow = [1000.0 + 4.0 * i + (i % 3) for i in range(50)]  # a leak the jit bound catches
+    assert _slope(slow) > OBJECTS_PER_CYCLE[("jit",)]

@@ -80,6 +80,21 @@ def test_conversions_give_traced_arrays_sharing_memory(bundle):
     leapp.stop()
 
 
+def test_holds_active_sees_tensors_and_arrays_at_any_depth(bundle):
+    """The one test the session patches and the TorchScript calls share: a traced tensor
+    or a TracedArray of a tracing node, inside lists, tuples and dicts."""
+    from leapp.tracing.numpy_array import holds_active
+    leapp.start("g", save_path=bundle.root, dry_run=True)
+    x = annotate.input_tensors("n", {"x": torch.from_numpy(X.copy())})
+    array = x.numpy()
+    assert holds_active(x) and holds_active(array)
+    assert holds_active([1, ({"a": array},)]) and holds_active({"k": [x]})
+    assert not holds_active([X, torch.ones(2), {"a": 1.0}])
+    annotate.output_tensors("n", {"y": x * 2.0}, export_with="jit")
+    assert not holds_active([x, array])  # the node finished
+    leapp.stop()
+
+
 # --------------------------------------------------------------------------
 # ufuncs, operators and functions: NumPy's values and dtypes, exported
 

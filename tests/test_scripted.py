@@ -258,7 +258,12 @@ def test_traced_module_environment_constant(bundle):
     leapp.start("g_def", save_path=bundle.root)
     policy(torch.randn(3, 4))
     leapp.stop()
-    leapp.compile_graph(visualize=False, verbose=False)
+    assert leapp.compile_graph(visualize=False, verbose=False) == {"n": True}
+    manager = InferenceManager(os.path.join(bundle.dir("g_def"), "g_def.yaml"))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(5))
+    (got,) = manager.run_policy({"n/x": x}).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x) * 2.0, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -313,4 +318,8 @@ def test_dropout_in_eval_mode_is_not_random(bundle):
     y = torch.nn.functional.dropout(x, 0.5, training=False) + 1.0
     annotate.output_tensors("n", {"out": y}, export_with="jit")
     leapp.stop()
-    leapp.compile_graph(visualize=False, verbose=False)
+    assert leapp.compile_graph(visualize=False, verbose=False) == {"n": True}
+    manager = InferenceManager(os.path.join(bundle.dir("g"), "g.yaml"))
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(6))
+    (got,) = manager.run_policy({"n/x": x}).values()
+    torch.testing.assert_close(got, x + 1.0, rtol=0, atol=0)  # dropout off: the identity

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -446,7 +447,9 @@ def test_buffers_restored_after_user_code_raised(tmp_path):
 
 def test_module_before_input_tensors_raises(tmp_path):
     leapp.start("module_first", save_path=str(tmp_path))
-    with pytest.raises(Exception, match="module"):
+    with pytest.raises(RuntimeError, match=re.escape(
+            "module() called for node 'policy' but node not found. Call "
+            "annotate.input_tensors('policy', ...) first to open the node.")):
         annotate.module("policy", sc.PartialState())
 
 

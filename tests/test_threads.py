@@ -1,4 +1,5 @@
-"""compile_graph() on one intra-op thread, and the process's count put back (leapp/_threads.py).
+"""compile_graph() on one intra-op thread, and the process's count put back
+(leapp/compiling/threads.py).
 
 The export and writing phase runs with torch.set_num_threads(1); validation
 too while the pipeline's weights are under SMALL_WEIGHTS_BYTES.  The real

@@ -6,6 +6,8 @@ on free loopback ports (its python backend; the wheel has no onnxruntime or
 pytorch backend), load one repository holding a feed-forward ensemble and a
 sequence model with feedback, and compare every served output with
 InferenceManager runs of the same bundles.  The server is stopped by its pid.
+Only a missing `tritonserver` binary skips them: a server that exits or a model
+that fails to load fails them (a test plants a fault in a generated model.py).
 """
 from __future__ import annotations
 
@@ -353,12 +355,60 @@ def test_fleet_size_bounds(bundles, tmp_path):
 
 # ---- served for real ----------------------------------------------------------------------
 
+def _require_tritonserver() -> None:
+    """Skip where no ``tritonserver`` binary exists; nothing else turns into a skip."""
+    from leapp.serving.triton_server import TritonUnavailable, find_tritonserver
+    try:
+        find_tritonserver()
+    except TritonUnavailable as exc:
+        pytest.skip(f"no tritonserver binary here: {exc}")
+
+
+def test_failed_models_are_read_from_the_server_log():
+    from leapp.serving.triton_server import failed_models
+    log = ("I1127 18:51:40.57 12163 server.cc:674] model table\n"
+           "E1127 18:51:40.58 12163 model_lifecycle.cc:654] \"failed to load 'fb.policy' "
+           "version 1: Internal: RuntimeError: planted\\n\\nAt:\\n  model.py(61): "
+           "initialize\\n\"\n"
+           "E1127 18:51:40.59 12163 model_lifecycle.cc:654] failed to load 'fb.update' "
+           "version 3: Invalid argument: unexpected platform\n")
+    assert failed_models(log) == {"fb.policy": "Internal: RuntimeError: planted",
+                                  "fb.update": "Invalid argument: unexpected platform"}
+    assert failed_models("I1127 server.cc:674] all models READY\n") == {}
+
+
+def test_server_start_fails_naming_a_model_whose_model_py_raises(bundles, tmp_path):
+    """A fault planted in a generated model.py: the start raises, naming the model, and
+    leaves no server behind (the served tests above fail the same way, not skip)."""
+    if under_sanitizer():
+        pytest.skip("the ASan preload is inherited by tritonserver and its python stubs")
+    from leapp.serving.triton_server import TritonServer, TritonServerError
+    _require_tritonserver()
+    result = write_repository(bundles["fb"], str(tmp_path / "repo"), serve_with="python",
+                              fused_model=bundles["fused"])
+    (model,) = result.models
+    source = tmp_path / "repo" / model / "1" / "model.py"
+    text = source.read_text()
+    hook = "    def initialize(self, args: dict) -> None:\n"
+    assert text.count(hook) == 1, "the generated model.py has no initialize() to plant in"
+    source.write_text(text.replace(hook, hook + "        raise RuntimeError("
+                                   "'fault planted by the test')\n"))
+    server = TritonServer(result.path, ready_timeout=180)
+    with pytest.raises(TritonServerError) as err:
+        server.start()
+    assert err.value.models == {model: "Internal: RuntimeError: fault planted by the test"}
+    assert err.value.returncode not in (None, 0)
+    assert f"model '{model}' failed to load: Internal: RuntimeError: fault planted" \
+        in str(err.value)
+    assert server.process is None  # stopped and cleaned up by start() itself
+
 @pytest.fixture(scope="module")
 def server(bundles, tmp_path_factory):
     if under_sanitizer():
         pytest.skip("the ASan preload is inherited by tritonserver and its python stubs; the "
                     "served round trip is checked by the normal run")
-    from leapp.serving.triton_server import TritonServer, TritonUnavailable
+    from leapp.serving.triton_server import TritonServer
+    _require_tritonserver()
     root = tmp_path_factory.mktemp("triton_served")
     served = root / "repository"
     served.mkdir()
@@ -372,10 +422,7 @@ def server(bundles, tmp_path_factory):
             os.rename(part / model, served / model)
         entries[key] = result
     server = TritonServer(str(served), ready_timeout=180)
-    try:
-        server.start()
-    except TritonUnavailable as exc:
-        pytest.skip(f"tritonserver cannot start on this machine: {exc}")
+    server.start()  # a server that exits (a model that fails to load) fails the tests
     try:
         yield server, entries
     finally:

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -189,11 +188,18 @@ def test_feedback_edges_are_drawn_apart(tmp_path, browser):
     assert cli_main(["view", yaml_path, "-o", page_path]) == 0
     _open(browser, page_path)
     from selenium.webdriver.common.by import By
-    model = Pipeline.load(yaml_path)
-    kinds = [e.get_attribute("data-kind")
-             for e in browser.find_elements(By.CSS_SELECTOR, "g.edge")]
-    assert kinds.count("feedback") == sum(1 for _ in model.feedback_edges())
-    assert len(kinds) == len(model.edges) + len(model.inputs) + len(model.outputs)
+    ends = sorted((e.get_attribute("data-kind"), e.get_attribute("data-src"),
+                   e.get_attribute("data-dst"))
+                  for e in browser.find_elements(By.CSS_SELECTOR, "g.edge"))
+    # written out from examples/feedback_example.py, not read back from the bundle
+    assert ends == [
+        ("feedback", "feedback_update/policy_memory_out", "feedback_update/policy_memory_prev"),
+        ("feedback", "feedback_update/policy_memory_out", "policy_step/policy_memory_in"),
+        ("forward", "policy_step/policy_context", "feedback_update/policy_context"),
+        ("graph_input", "input:policy_step/observation_scalar",
+         "policy_step/observation_scalar"),
+        ("graph_output", "policy_step/control_action", "output:policy_step/control_action"),
+    ]
     dashed = browser.find_elements(By.CSS_SELECTOR,
                                    'g.edge[data-kind="feedback"] polyline[stroke-dasharray]')
     assert dashed
@@ -203,7 +209,7 @@ def test_feedback_edges_are_drawn_apart(tmp_path, browser):
     _non_blank(browser.get_screenshot_as_png())
 
 
-def test_fifty_node_bundle_loads_fast_and_stays_small(tmp_path, browser):
+def test_fifty_node_bundle_opens_and_stays_small(tmp_path, browser):
     leapp.start("fifty", save_path=str(tmp_path))
     x = annotate.input_tensors("n0", {"x": torch.randn(1, 8)})
     for i in range(50):
@@ -218,11 +224,8 @@ def test_fifty_node_bundle_loads_fast_and_stays_small(tmp_path, browser):
     assert size < 1_500_000, f"{size} bytes for 50 nodes"
     _self_contained(open(page_path, encoding="utf-8").read())
     from selenium.webdriver.common.by import By
-    started = time.perf_counter()
-    _open(browser, page_path)
+    _open(browser, page_path)  # how long this takes: bench/view_load.py
     assert len(browser.find_elements(By.CSS_SELECTOR, "g.node")) == 50
-    loaded = time.perf_counter() - started
-    assert loaded < 10.0, f"the view took {loaded:.1f} s to load"
     browser.find_element(By.CSS_SELECTOR, 'g.node[data-node="n49"]').click()
     browser.find_element(By.ID, "open-ops").click()
     assert browser.find_elements(By.CSS_SELECTOR, "#ops tr.op")

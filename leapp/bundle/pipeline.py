@@ -138,10 +138,11 @@ def thawed(value: Any) -> Any:
     return value
 
 
-def _flow(value: Any) -> Any:
-    """Lists as tuples, nested ones too: YAML writes them on one line."""
+def flow(value: Any) -> Any:
+    """Lists as tuples, nested ones too: the YAML emitter writes tuples in flow style (on
+    one line)."""
     if isinstance(value, (list, tuple)):
-        return tuple(_flow(v) for v in value)
+        return tuple(flow(v) for v in value)
     return value
 
 
@@ -177,7 +178,7 @@ class Port:
         names = out.get("element_names")
         if isinstance(names, (list, tuple)) and all(
                 item is None or isinstance(item, (str, list, tuple)) for item in names):
-            out["element_names"] = _flow(names)
+            out["element_names"] = flow(names)
         return out
 
 

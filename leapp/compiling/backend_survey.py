@@ -32,7 +32,7 @@ from .. import _core
 from ..bundle import log as _logging
 from ..bundle.log import fatal, logger
 from ..tracing.node_info import info
-from ..tracing.state import SESSION
+from ..tracing.session_state import SESSION
 from .export_errors import ExportError, console_to_log, one_line, where_traced
 from .progress import third_party_to_log
 

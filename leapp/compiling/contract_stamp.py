@@ -22,7 +22,7 @@ def stamp_compiled(graph: str, nodes: list, exported: Mapping[str, Any], pipelin
     ``inputs`` and ``outputs``, with the exporters' renames applied.
     """
     from ..bundle.pipeline import Pipeline
-    from ..tracing.session import info
+    from ..tracing.annotations import info
     from .incremental import file_sha256
     stamped = [n for n in nodes if n.name in exported and exported[n.name].path
                and not exported[n.name].external and info(n).export_with is not None

@@ -198,9 +198,14 @@ def node_key(node: Any, backend: str, params: dict, module: fx.GraphModule) -> s
             hasher.text("fx", line)
         for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
             hasher.tensor(f"constant {name}", tensor)
-    except Exception as exc:  # noqa: BLE001  (a node that cannot be keyed is exported)
-        logger.debug("%s: not reused across compiles (%s: %s)", node.name, type(exc).__name__,
-                     exc)
+    except _Uncacheable as exc:  # the node holds what a key cannot follow: exported
+        logger.debug("%s: not reused across compiles (%s)", node.name, exc)
+        return None
+    except Exception as exc:  # noqa: BLE001  a fault of this module's: said, then exported
+        logger.warning("%s: the incremental compile's key of this node could not be computed "
+                       "(%s: %s); the node is exported again on every compile. This is a bug "
+                       "of leapp's: please report it with this message.", node.name,
+                       type(exc).__name__, exc)
         return None
     return hasher.hexdigest()
 

@@ -17,8 +17,8 @@ from ..bundle import log as _logging
 from ..bundle.digest import file_digests
 from ..bundle.log import fatal, logger, section
 from .progress import NO_MODEL, CompileProgress, third_party_to_log
-from ..tracing.session import API, check_session_thread, info
-from ..tracing.state import SESSION, SessionConfig
+from ..tracing.annotations import API, check_session_thread, info
+from ..tracing.session_state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
 from .._version import __implementation__, __version__  # noqa: F401
@@ -383,22 +383,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     Returns {node: True | False | exception} when validating (a CompileResult: a
     dict that also displays inline in notebooks), else True.
     """
-    if _core.is_tracing():
-        fatal("LEAPP graph interpretation is enabled. Call leapp.stop() before "
-              "leapp.compile_graph().")
-    cfg = SESSION.config
-    if cfg is None:
-        fatal("leapp.compile_graph() called before leapp.start(): nothing was traced.")
-    if graph_configs is not None and not isinstance(graph_configs, GraphConfigs):
-        fatal("compile_graph(graph_configs=...) expects a GraphConfigs instance", TypeError)
-    if verbose is not None:
-        _logging.set_verbose(verbose)
-    all_nodes = list(_core.nodes().values())
-    unfinished = [n.name for n in all_nodes if n.is_tracing]
-    if unfinished:
-        fatal(f"The following nodes were created but never completed: {set(unfinished)}. Did "
-              f"you forget to call output_tensors() or finish the annotated function?")
-    nodes = sorted(all_nodes, key=lambda n: n.node_index)
+    cfg, nodes = _compilable(graph_configs, verbose)
     skip_export = cfg.dry_run or dry_run
     bundle = os.path.realpath(cfg.save_dir)
     graph = cfg.graph_name
@@ -425,36 +410,15 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                         cfg, nodes, staging, bundle, skip_export, visualize, graph_configs,
                         progress)
                 _checkpoint("written")
-                entries = [(n.name, SavedModel(n.name, models[n.name], staging,
-                                               allow_external=exported[n.name].external)
-                            if n.name in exported and exported[n.name].path else None,
-                            [p for p, _ in renames.inputs_of(n)], list(n.outputs))
-                           for n in nodes]
+                entries = _saved_entries(nodes, exported, models, renames, staging)
                 if validate and not skip_export:
-                    with intra_op_threads(validation_threads(staging, [
-                            r.path for r in exported.values() if r.external and r.path])):
-                        random_ops = {n.name: info(n).random_ops for n in nodes
-                                      if n.name in exported and info(n).random_ops}
-                        results, failure = run_validation(
-                            entries, rtol, atol, observer=progress, random_ops=random_ops)
-                        if failure is None:
-                            closed = _closed_loop(staging, graph, entries, nodes, random_ops,
-                                                  rtol, atol, exported)
-                            if not closed.passed:
-                                results[closed.node] = False
-                                failure = f"Closed-loop validation failed: {closed.difference}"
+                    results, failure, closed = _validate_staged(
+                        nodes, entries, exported, staging, graph, rtol, atol, progress)
                     if strict and failure is not None:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
-            if fuse and not skip_export:
-                _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
-            if not skip_export:  # as upstream: a dry run writes no artifacts record
-                _log_artifacts(cfg, bundle, nodes, exported, models)
-            _logging.snapshot(os.path.join(staging, "log.txt"))
-            if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
-                from ..view import write_staged
-                write_staged(pipeline, graph, staging, bundle, _publish.finish_modes)
-            _checkpoint("ready")
+            _finish_staged(cfg, nodes, exported, models, pipeline, staging, bundle,
+                           fuse and not skip_export, visualize, not skip_export)
             _publish.commit(staging, bundle, graph)
         except Exception as exc:
             if _publish.disk_full(exc):
@@ -465,16 +429,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
         committed = True
         _checkpoint("committed")
     finally:
-        progress.close()
-        shutil.rmtree(staging, ignore_errors=True)
-        SESSION.unstage(staging)
-        log_file = os.path.join(bundle, "log.txt")
-        if committed:
-            _logging.attach(log_file)
-        elif os.path.isdir(bundle) and not _logging.holds_bundle(bundle):
-            _logging.attach(log_file, copy=True)  # no bundle there to protect
-        if not skip_export:
-            release_export_caches()  # repeated compiles keep memory flat
+        _close_staging(progress, staging, bundle, committed, skip_export)
     for _, model, _, _ in entries:
         if isinstance(model, SavedModel):
             model.yaml_dir = bundle  # the committed files
@@ -499,6 +454,93 @@ def _closed_loop(staging: str, graph: str, entries: list, nodes: list, random_op
                            {n.name: info(n).passes for n in nodes if n.name in exported},
                            random_ops, rtol, atol,
                            any(e.external for e in exported.values()))
+
+
+def _compilable(graph_configs: GraphConfigs | None,
+                verbose: bool | None) -> tuple[SessionConfig, list]:
+    """compile_graph's preconditions checked: (the session's config, its nodes in trace
+    order); applies ``verbose``."""
+    if _core.is_tracing():
+        fatal("LEAPP graph interpretation is enabled. Call leapp.stop() before "
+              "leapp.compile_graph().")
+    cfg = SESSION.config
+    if cfg is None:
+        fatal("leapp.compile_graph() called before leapp.start(): nothing was traced.")
+    if graph_configs is not None and not isinstance(graph_configs, GraphConfigs):
+        fatal("compile_graph(graph_configs=...) expects a GraphConfigs instance", TypeError)
+    if verbose is not None:
+        _logging.set_verbose(verbose)
+    all_nodes = list(_core.nodes().values())
+    unfinished = [n.name for n in all_nodes if n.is_tracing]
+    if unfinished:
+        fatal(f"The following nodes were created but never completed: {set(unfinished)}. Did "
+              f"you forget to call output_tensors() or finish the annotated function?")
+    return cfg, sorted(all_nodes, key=lambda n: n.node_index)
+
+
+def _saved_entries(nodes: list, exported: dict, models: dict, renames: Any,
+                   staging: str) -> list:
+    """Per node (name, its staged SavedModel or None, input names, output names)."""
+    return [(n.name, SavedModel(n.name, models[n.name], staging,
+                                allow_external=exported[n.name].external)
+             if n.name in exported and exported[n.name].path else None,
+             [p for p, _ in renames.inputs_of(n)], list(n.outputs))
+            for n in nodes]
+
+
+def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, graph: str,
+                     rtol: float, atol: float,
+                     progress: CompileProgress) -> tuple[dict, Any, Any]:
+    """Every staged model run on its node's traced examples, then (when all pass) the
+    whole bundle closed-loop: (results, failure or None, the closed-loop report or None)."""
+    random_ops = {n.name: info(n).random_ops for n in nodes
+                  if n.name in exported and info(n).random_ops}
+    closed = None
+    with intra_op_threads(validation_threads(staging, [
+            r.path for r in exported.values() if r.external and r.path])):
+        results, failure = run_validation(entries, rtol, atol, observer=progress,
+                                          random_ops=random_ops)
+        if failure is None:
+            closed = _closed_loop(staging, graph, entries, nodes, random_ops, rtol, atol,
+                                  exported)
+            if not closed.passed:
+                results[closed.node] = False
+                failure = f"Closed-loop validation failed: {closed.difference}"
+    return results, failure, closed
+
+
+def _finish_staged(cfg: SessionConfig, nodes: list, exported: dict, models: dict,
+                   pipeline: Any, staging: str, bundle: str, fuse: bool,
+                   visualize: bool, record_artifacts: bool) -> None:
+    """What the staged bundle gets after validation: the fused model, the artifacts' log
+    lines (none in a dry run, as upstream), log.txt and the view; then it is ready to
+    commit."""
+    graph = cfg.graph_name
+    if fuse:
+        _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
+    if record_artifacts:
+        _log_artifacts(cfg, bundle, nodes, exported, models)
+    _logging.snapshot(os.path.join(staging, "log.txt"))
+    if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
+        from ..view import write_staged
+        write_staged(pipeline, graph, staging, bundle, _publish.finish_modes)
+    _checkpoint("ready")
+
+
+def _close_staging(progress: CompileProgress, staging: str, bundle: str, committed: bool,
+                   skip_export: bool) -> None:
+    """After a compile, committed or not: the staging directory goes, the log follows the
+    bundle, the export caches are released."""
+    progress.close()
+    shutil.rmtree(staging, ignore_errors=True)
+    SESSION.unstage(staging)
+    log_file = os.path.join(bundle, "log.txt")
+    if committed:
+        _logging.attach(log_file)
+    elif os.path.isdir(bundle) and not _logging.holds_bundle(bundle):
+        _logging.attach(log_file, copy=True)  # no bundle there to protect
+    if not skip_export:
+        release_export_caches()  # repeated compiles keep memory flat
 
 
 def _visualize(work_dir: str, bundle: str, graph: str, model: Pipeline) -> None:

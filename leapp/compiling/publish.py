@@ -20,7 +20,7 @@ bundle, a model file a node references in place) are carried into the new
 one as hard links (copies where links are refused); the old bundle's own files
 (its YAML, PNG, initial values, log.txt and the models its YAML names) are
 not, so the bundle holds exactly the files of its latest compile.  Neither is
-the old manifest of content keys (leapp/_incremental.py): a compile writes its
+the old manifest of content keys (leapp/compiling/incremental.py): a compile writes its
 own, and files it reuses from the old bundle it links in itself.
 """
 from __future__ import annotations

@@ -221,74 +221,12 @@ class InferenceManager:
     def _build(self) -> None:
         """Check the wiring and compile the routing into a C program."""
         nodes, graph = self.nodes, self.graph
-        graph_outputs = graph.outputs
-        # routing table: forward targets first, then feedback, then graph outputs
-        routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        feedback_edges: set[tuple[str, str, str, str]] = set()
-        for edge in graph.edges:
-            src, dst = (edge.src_node, edge.src_port), (edge.dst_node, edge.dst_port)
-            routes.setdefault(src, []).append(dst)
-            if edge.feedback:
-                feedback_edges.add(src + dst)
-        for node, name in graph_outputs:
-            routes.setdefault((node, name), []).append((OUTPUT_KEY, join_key(node, name)))
-        self.organized_pipeline_connections: dict[str, dict[str, list[tuple[str, str]]]] = {}
-        for (node, name), targets in routes.items():
-            self.organized_pipeline_connections.setdefault(node, {})[name] = targets
-
+        routes, feedback_edges = self._route()
         order = list(graph.run_order)
         self.run_order: list[str] = order
-        position = {name: i for i, name in enumerate(order)}
-
-        # slots: node inputs (YAML order), graph outputs, staged feedback
-        slot_keys: list[str] = []
-        shapes: list[Any] = []
-        dtypes: list[Any] = []
-        self._slot_of: dict[tuple[str, str], int] = {}
-        self._zeros: list[tuple[int, tuple[int, ...], torch.dtype, str]] = []
-        for name, node in nodes.items():
-            for port, shape, dtype in zip(node.input_names, node.input_shapes,
-                                          node.input_dtypes):
-                self._slot_of[(name, port)] = len(slot_keys)
-                self._zeros.append((len(slot_keys), shape, dtype, node.device))
-                slot_keys.append(f"{name}/{port}")
-                shapes.append(shape)
-                dtypes.append(dtype)
-        results = []
-        for node, name in graph_outputs:
-            key = f"{node}/{name}"
-            i = nodes[node].output_names.index(name)
-            self._slot_of[(OUTPUT_KEY, key)] = len(slot_keys)
-            self._zeros.append((len(slot_keys), nodes[node].output_shapes[i],
-                                nodes[node].output_dtypes[i], nodes[node].device))
-            results.append((key, len(slot_keys)))
-            slot_keys.append(key)
-            shapes.append(None)
-            dtypes.append(None)
-
-        commits = []
-        noutputs = []
-        dests = []
-        for name in order:
-            node = nodes[name]
-            noutputs.append(len(node.output_names))
-            for port in node.output_names:
-                slots = []
-                for dst in routes[(name, port)]:
-                    slot = self._slot_of[dst]
-                    late = dst[0] != OUTPUT_KEY and position[dst[0]] > position[name]
-                    if (name, port) + dst in feedback_edges and late:
-                        # the consumer runs after the producer in this order:
-                        # stage the value so that it still arrives next step
-                        staged = len(slot_keys)
-                        slot_keys.append(f"staged {name}/{port} -> {dst[0]}/{dst[1]}")
-                        shapes.append(None)
-                        dtypes.append(None)
-                        commits.append((staged, slot))
-                        slot = staged
-                    slots.append(slot)
-                dests.append(slots)
-
+        slot_keys, shapes, dtypes, results = self._lay_out_slots()
+        noutputs, dests, commits = self._destinations(routes, feedback_edges, slot_keys,
+                                                      shapes, dtypes)
         input_index = {f"{n}/{p}": s for (n, p), s in self._slot_of.items() if n != OUTPUT_KEY}
         self._input_device: dict[str, torch.device] = {
             f"{n}/{p}": torch.device(nodes[n].device)
@@ -309,8 +247,90 @@ class InferenceManager:
             convert=self._convert_input,
         )
         self._fill_zeros()
+        self._make_views()
 
-        views: dict[str, dict[str, int]] = {name: {} for name in nodes}
+    def _route(self) -> tuple[dict[tuple[str, str], list[tuple[str, str]]],
+                              set[tuple[str, str, str, str]]]:
+        """The routing table {(node, port): [destinations]}, forward targets first, then
+        feedback, then graph outputs; and the feedback edges as (src..., dst...)."""
+        routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        feedback_edges: set[tuple[str, str, str, str]] = set()
+        for edge in self.graph.edges:
+            src, dst = (edge.src_node, edge.src_port), (edge.dst_node, edge.dst_port)
+            routes.setdefault(src, []).append(dst)
+            if edge.feedback:
+                feedback_edges.add(src + dst)
+        for node, name in self.graph.outputs:
+            routes.setdefault((node, name), []).append((OUTPUT_KEY, join_key(node, name)))
+        self.organized_pipeline_connections: dict[str, dict[str, list[tuple[str, str]]]] = {}
+        for (node, name), targets in routes.items():
+            self.organized_pipeline_connections.setdefault(node, {})[name] = targets
+        return routes, feedback_edges
+
+    def _lay_out_slots(self) -> tuple[list[str], list[Any], list[Any], list[tuple[str, int]]]:
+        """One slot per node input (YAML order), then per graph output: (slot keys, shapes,
+        dtypes, the graph outputs' (key, slot)); fills _slot_of and _zeros."""
+        nodes = self.nodes
+        slot_keys: list[str] = []
+        shapes: list[Any] = []
+        dtypes: list[Any] = []
+        self._slot_of: dict[tuple[str, str], int] = {}
+        self._zeros: list[tuple[int, tuple[int, ...], torch.dtype, str]] = []
+        for name, node in nodes.items():
+            for port, shape, dtype in zip(node.input_names, node.input_shapes,
+                                          node.input_dtypes):
+                self._slot_of[(name, port)] = len(slot_keys)
+                self._zeros.append((len(slot_keys), shape, dtype, node.device))
+                slot_keys.append(f"{name}/{port}")
+                shapes.append(shape)
+                dtypes.append(dtype)
+        results = []
+        for node, name in self.graph.outputs:
+            key = f"{node}/{name}"
+            i = nodes[node].output_names.index(name)
+            self._slot_of[(OUTPUT_KEY, key)] = len(slot_keys)
+            self._zeros.append((len(slot_keys), nodes[node].output_shapes[i],
+                                nodes[node].output_dtypes[i], nodes[node].device))
+            results.append((key, len(slot_keys)))
+            slot_keys.append(key)
+            shapes.append(None)
+            dtypes.append(None)
+        return slot_keys, shapes, dtypes, results
+
+    def _destinations(self, routes: dict, feedback_edges: set, slot_keys: list[str],
+                      shapes: list[Any], dtypes: list[Any]) -> tuple[list[int],
+                                                                    list[list[int]],
+                                                                    list[tuple[int, int]]]:
+        """Per node in run order, its outputs' destination slots: (output counts, slots per
+        output, staged commits).  A feedback value whose consumer runs after its producer
+        goes to a staged slot (appended to slot_keys, shapes, dtypes), committed after the
+        step, so that it still arrives the next step."""
+        position = {name: i for i, name in enumerate(self.run_order)}
+        commits: list[tuple[int, int]] = []
+        noutputs: list[int] = []
+        dests: list[list[int]] = []
+        for name in self.run_order:
+            node = self.nodes[name]
+            noutputs.append(len(node.output_names))
+            for port in node.output_names:
+                slots = []
+                for dst in routes[(name, port)]:
+                    slot = self._slot_of[dst]
+                    late = dst[0] != OUTPUT_KEY and position[dst[0]] > position[name]
+                    if (name, port) + dst in feedback_edges and late:
+                        staged = len(slot_keys)
+                        slot_keys.append(f"staged {name}/{port} -> {dst[0]}/{dst[1]}")
+                        shapes.append(None)
+                        dtypes.append(None)
+                        commits.append((staged, slot))
+                        slot = staged
+                    slots.append(slot)
+                dests.append(slots)
+        return noutputs, dests, commits
+
+    def _make_views(self) -> None:
+        """value_dict: per node (and OUTPUT_KEY) a view of its slots in the program."""
+        views: dict[str, dict[str, int]] = {name: {} for name in self.nodes}
         views[OUTPUT_KEY] = {}
         for (node, port), slot in self._slot_of.items():
             views[node][port] = slot

@@ -437,8 +437,42 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
         TritonRepositoryError: a node or tensor Triton cannot serve (named, with the fix).
         FileExistsError: ``repo_dir`` holds files already.
     """
-    from ..bundle.safe_load import BundleError, read_bundle
+    size, fleet = _fleet_options(serve_with, max_sequences, fleet_size, queue_delay_us,
+                                 instances, batch)
+    yaml_path = os.fspath(yaml_path)
+    repo_dir = os.path.abspath(os.fspath(repo_dir))
+    bundle, model = _read_pipeline(yaml_path)
+    if os.path.isdir(repo_dir) and os.listdir(repo_dir):
+        raise FileExistsError(f"{repo_dir} is not empty; give a new or empty directory for the "
+                              "Triton repository")
+    graph = os.path.splitext(os.path.basename(yaml_path))[0]
+    parent = os.path.dirname(repo_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".leapp-triton-", dir=parent)
+    result = TritonRepository(path=repo_dir, entry="", sequence=False)
+    try:
+        if any(model.feedback_edges()):
+            _sequence(staging, yaml_path, graph, fused_model, bundle.get("fused"), serve_with,
+                      size, sequence_idle_seconds, result, fleet)
+        elif fleet is None or not _feed_forward_fused(staging, yaml_path, graph, model,
+                                                      serve_with, fleet, result):
+            _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, model,
+                          serve_with, result)
+        _move_into_place(staging, repo_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("Wrote Triton repository %s (%s, entry model %r, %d model(s), serve_with=%s)",
+                repo_dir, "sequence" if result.sequence else "ensemble", result.entry,
+                len(result.models), serve_with)
+    return result
 
+
+def _fleet_options(serve_with: str, max_sequences: int | None, fleet_size: int | None,
+                   queue_delay_us: int, instances: str,
+                   batch: bool) -> tuple[int, dict | None]:
+    """write_repository's options checked: (fleet size, the batched fleet's options or
+    None when ``batch`` is off)."""
     if serve_with not in SERVE_WITH:
         raise ValueError(f"serve_with={serve_with!r}: expected one of {SERVE_WITH}")
     if max_sequences is not None and fleet_size is not None and max_sequences != fleet_size:
@@ -457,45 +491,31 @@ def write_repository(yaml_path: str, repo_dir: str, *, serve_with: str = "native
         raise ValueError(f"queue_delay_us={queue_delay_us!r}: expected an integer >= 0")
     fleet = {"fleet_size": size, "queue_delay_us": queue_delay_us,
              "instances": instances} if batch else None
-    yaml_path = os.fspath(yaml_path)
-    repo_dir = os.path.abspath(os.fspath(repo_dir))
+    return size, fleet
+
+
+def _read_pipeline(yaml_path: str) -> tuple[dict, Pipeline]:
+    """The bundle's document and its typed Pipeline; a bundle that does not read or wire
+    is a TritonRepositoryError."""
+    from ..bundle.safe_load import BundleError, read_bundle
     try:
         bundle = read_bundle(yaml_path)
-        model = Pipeline.from_document(bundle)
+        return bundle, Pipeline.from_document(bundle)
     except BundleError as exc:
         raise TritonRepositoryError(str(exc)) from exc
     except ValueError as exc:  # the bundle's wiring does not hold
         raise TritonRepositoryError(f"{yaml_path}: {exc}") from exc
-    if os.path.isdir(repo_dir) and os.listdir(repo_dir):
-        raise FileExistsError(f"{repo_dir} is not empty; give a new or empty directory for the "
-                              "Triton repository")
-    graph = os.path.splitext(os.path.basename(yaml_path))[0]
-    parent = os.path.dirname(repo_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".leapp-triton-", dir=parent)
-    result = TritonRepository(path=repo_dir, entry="", sequence=False)
-    try:
-        if any(model.feedback_edges()):
-            _sequence(staging, yaml_path, graph, fused_model, bundle.get("fused"), serve_with,
-                      size, sequence_idle_seconds, result, fleet)
-        elif fleet is None or not _feed_forward_fused(staging, yaml_path, graph, model,
-                                                      serve_with, fleet, result):
-            _feed_forward(staging, os.path.dirname(os.path.abspath(yaml_path)), graph, model,
-                          serve_with, result)
-        for leftover in os.listdir(staging):
-            if leftover.startswith("."):
-                os.unlink(os.path.join(staging, leftover))
-        os.chmod(staging, directory_mode())
-        if os.path.isdir(repo_dir):
-            os.rmdir(repo_dir)
-        os.rename(staging, repo_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    logger.info("Wrote Triton repository %s (%s, entry model %r, %d model(s), serve_with=%s)",
-                repo_dir, "sequence" if result.sequence else "ensemble", result.entry,
-                len(result.models), serve_with)
-    return result
+
+
+def _move_into_place(staging: str, repo_dir: str) -> None:
+    """The finished staging directory becomes repo_dir (its hidden leftovers removed)."""
+    for leftover in os.listdir(staging):
+        if leftover.startswith("."):
+            os.unlink(os.path.join(staging, leftover))
+    os.chmod(staging, directory_mode())
+    if os.path.isdir(repo_dir):
+        os.rmdir(repo_dir)
+    os.rename(staging, repo_dir)
 
 
 __all__ = ["write_repository", "TritonRepository", "TritonRepositoryError", "read_config",

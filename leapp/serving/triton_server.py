@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,7 +36,44 @@ logger = logging.getLogger("leapp")
 
 
 class TritonUnavailable(RuntimeError):
-    """No usable ``tritonserver`` here (the wheel is missing, or the binary does not start)."""
+    """No ``tritonserver`` here: the nvidia-pytriton wheel, its binary or its python
+    backend stub for this Python version is missing.  Nothing was started."""
+
+
+class TritonServerError(RuntimeError):
+    """``tritonserver`` started and exited before it was ready: a model of the repository
+    failed to load (``models`` names each, with the server's reason) or the server refused
+    its repository or options.
+
+    Attributes:
+        returncode: the server's exit status.
+        models: ``{model name: the reason the server gave}`` for every model that failed to
+            load (empty when the server failed for another reason).
+        log: the last lines of the server's output.
+    """
+
+    def __init__(self, message: str, returncode: int | None, models: dict[str, str],
+                 log: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.models = models
+        self.log = log
+
+
+# tritonserver logs one line per model that did not load:
+#   E1127 18:50:01.123 12 model_lifecycle.cc:654] failed to load 'name' version 1: Internal: ...
+_FAILED_MODEL = re.compile(r"failed to load '([^']+)' version \d+: (.*)")
+
+
+def failed_models(log: str) -> dict[str, str]:
+    """``{model: reason}`` for every "failed to load" line of a ``tritonserver`` log."""
+    failed: dict[str, str] = {}
+    for line in log.splitlines():
+        match = _FAILED_MODEL.search(line)
+        if match:  # the reason's first line (the server escapes the traceback's newlines)
+            reason = match.group(2).split("\\n")[0].strip().rstrip('".').strip()
+            failed.setdefault(match.group(1), reason)
+    return failed
 
 
 def find_tritonserver() -> tuple[str, str]:
@@ -135,7 +173,14 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
-        """Start the server and wait until it and every model are ready."""
+        """Start the server and wait until it and every model are ready.
+
+        Raises:
+            TritonUnavailable: no ``tritonserver`` here (nothing was started).
+            TritonServerError: the server exited before it was ready (a model failed to
+                load: the error names it and the server's reason).
+            TimeoutError: not ready within ``ready_timeout`` seconds.
+        """
         root = self._layout()
         try:
             self.http_port, self.grpc_port = free_ports(2)
@@ -171,8 +216,7 @@ class TritonServer:
         while True:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise TritonUnavailable(f"tritonserver exited with status "
-                                        f"{self.process.returncode}: {self.log_tail()}")
+                raise self._exited()
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -183,6 +227,29 @@ class TritonServer:
                 raise TimeoutError(f"tritonserver was not ready within {self.ready_timeout} s: "
                                    f"{self.log_tail()}")
             time.sleep(0.2)
+
+    def _exited(self) -> TritonServerError:
+        """The error for a server that exited before it was ready, naming failed models."""
+        assert self.process is not None
+        status = self.process.returncode
+        try:
+            with open(self.log_path or "", errors="replace") as handle:
+                log = handle.read()
+        except OSError:
+            log = ""
+        models = failed_models(log)
+        tail = self.log_tail()
+        if models:
+            reasons = "; ".join(f"model '{name}' failed to load: {reason}"
+                                for name, reason in models.items())
+            message = (f"tritonserver exited with status {status} before it was ready: "
+                       f"{reasons}. Fix the model (its files under "
+                       f"{self.repository}/<model>/) and start the server again. "
+                       f"Server log:\n{tail}")
+        else:
+            message = (f"tritonserver exited with status {status} before it was ready "
+                       f"(repository {self.repository}). Server log:\n{tail}")
+        return TritonServerError(message, status, models, tail)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's output."""
@@ -219,4 +286,5 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["TritonServer", "TritonUnavailable", "find_tritonserver", "free_ports"]
+__all__ = ["TritonServer", "TritonServerError", "TritonUnavailable", "failed_models",
+           "find_tritonserver", "free_ports"]

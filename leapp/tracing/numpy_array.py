@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from .state import SESSION
+from .session_state import SESSION
 
 # TracedArray's NumPy protocol: leapp.tracing.numpy_ufuncs and numpy_functions build on this
 # module and register their dispatchers here once, when imported (numpy_patches imports both).
@@ -286,6 +286,22 @@ def _carrier(a: Any) -> Any:
 def is_active(a: Any) -> bool:
     carrier = _carrier(a)
     return carrier is not None and bool(carrier.active)
+
+
+def holds_active(obj: Any) -> bool:
+    """Whether obj holds a value of a node that is still tracing: a traced tensor or a
+    TracedArray, at any depth of lists, tuples and dicts (the session patches and the
+    TorchScript calls trace a call that passes one)."""
+    if isinstance(obj, TracedArray):
+        return is_active(obj)
+    carrier = _core.carrier_of(obj)
+    if carrier is not None:
+        return bool(carrier.active)
+    if isinstance(obj, (list, tuple)):
+        return any(holds_active(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(holds_active(o) for o in obj.values())
+    return False
 
 
 def shadow_of(value: Any) -> Any:

@@ -40,21 +40,6 @@ class FunctionPatch:
     replacement: Callable[..., Any]
 
 
-def _has_active(obj: Any) -> bool:
-    """Whether obj holds a value of a node that is still tracing."""
-    if isinstance(obj, _numpy.TracedArray):
-        carrier = _core.carrier_of(obj._shadow) if obj._shadow is not None else None
-        return carrier is not None and bool(carrier.active)
-    carrier = _core.carrier_of(obj)
-    if carrier is not None:
-        return bool(carrier.active)
-    if isinstance(obj, (list, tuple)):
-        return any(_has_active(o) for o in obj)
-    if isinstance(obj, dict):
-        return any(_has_active(o) for o in obj.values())
-    return False
-
-
 def validate(patching: Sequence[FunctionPatch] | None) -> tuple[FunctionPatch, ...]:
     """The definitions, checked; raises TypeError / ValueError on the first bad one."""
     definitions = () if patching is None else tuple(patching)
@@ -83,7 +68,7 @@ def validate(patching: Sequence[FunctionPatch] | None) -> tuple[FunctionPatch, .
 def _dispatch(original: Callable, replacement: Callable) -> Callable:
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
-        if _has_active(args) or _has_active(kwargs):
+        if _numpy.holds_active(args) or _numpy.holds_active(kwargs):
             return replacement(*args, **kwargs)
         return original(*args, **kwargs)
     return patched

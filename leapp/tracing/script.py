@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import _core
+from .numpy_array import holds_active
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -234,20 +235,9 @@ def trace_through(func: Any, args: tuple, kwargs: dict | None) -> Any:
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _has_active(obj: Any) -> bool:
-    carrier = _core.carrier_of(obj)
-    if carrier is not None:
-        return bool(carrier.active)
-    if isinstance(obj, (list, tuple)):
-        return any(_has_active(o) for o in obj)
-    if isinstance(obj, dict):
-        return any(_has_active(o) for o in obj.values())
-    return False
-
-
 def _function_call(original: Callable) -> Callable:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _has_active(args) or _has_active(kwargs):
+        if holds_active(args) or holds_active(kwargs):
             return trace_through(self, args, kwargs)
         return original(self, *args, **kwargs)
     return __call__

@@ -11,7 +11,7 @@ import torch
 from . import numpy_array as _numpy
 from .. import _core
 from .payload import Leaf
-from .state import SESSION, SessionConfig
+from .session_state import SESSION, SessionConfig
 
 
 def config() -> SessionConfig | None:

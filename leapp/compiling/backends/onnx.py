@@ -78,8 +78,13 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     del proto
     try:
         onnx.checker.check_model(path)
-    except Exception as exc:  # the file is still useful; the runtime decides
-        logger.warning("ONNX model validation warning (model still saved): %s", exc)
+    except onnx.checker.ValidationError as exc:  # the file is still useful; the runtime decides
+        logger.warning("ONNX model validation warning (model still saved): [%s] %s.onnx breaks "
+                       "an ONNX rule: %s", node, node, exc)
+    except Exception as exc:  # noqa: BLE001  the check itself failed: said, never hidden
+        logger.warning("ONNX model validation warning (model still saved): [%s] the ONNX "
+                       "checker could not check %s.onnx (%s: %s); onnxruntime's validation "
+                       "of the node still runs", node, node, type(exc).__name__, exc)
     # No session here: validation loads the saved file the way InferenceManager does.
     return Exported(model=None, path=path, yaml_backend="onnx",
                     input_names=input_names, output_names=output_names,

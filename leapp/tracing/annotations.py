@@ -31,7 +31,7 @@ from ..bundle.log import fatal, logger
 from .node_info import NodeInfo, info
 from .origins import call_site, check_origin
 from .payload import Leaf, flatten, normalize, rebuild
-from .state import SESSION
+from .session_state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
