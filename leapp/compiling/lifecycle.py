@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import _core
-from ..tracing import guards as _guards
+from ..tracing import escapes as _escapes, guards as _guards
 from . import incremental as _incremental, publish as _publish
 from ..bundle import log as _logging
 from ..bundle.digest import file_digests
@@ -110,6 +110,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
 def _teardown_session() -> None:
     """Put back module buffers and patched functions; tracing off; traced tensors plain."""
     _core.set_tracing(False)
+    _escapes.reset()
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
             tracker.restore()

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import alias as _alias, guards as _guards, numpy_array as _numpy
+from . import alias as _alias, escapes as _escapes, guards as _guards
+from . import numpy_array as _numpy
 from .. import _core
 from .fx import build_graph_module
 from .buffers import BufferTracker
@@ -155,6 +156,7 @@ class NodeOutputs:
             if carrier is not None and carrier.port is None:
                 carrier.port = name
             _core.remember(value)
+        _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
         node.finish()
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
