@@ -65,7 +65,7 @@ class _Records:
     """What the probes saw while one node traces its first pass."""
 
     node: Any
-    sets: list = field(default_factory=list)     # (module, name, old, new, site)
+    sets: list = field(default_factory=list)     # (module, name, old, new, site, buffer?)
     called: dict = field(default_factory=dict)   # id(module) -> module
     writes: list = field(default_factory=list)   # (receiver, op name, site, ops before)
 
@@ -110,8 +110,9 @@ def _setattr(module: torch.nn.Module, name: str, value: Any) -> None:
             module.__dict__.get(name)
         if _has_tensor(value) or _has_tensor(old):
             site = _user_site()
+            buffer = store is not None and name in store
             for records in _PROBES.open.values():
-                records.sets.append((module, name, old, value, site))
+                records.sets.append((module, name, old, value, site, buffer))
     _MODULE_SETATTR(module, name, value)
 
 
@@ -178,12 +179,27 @@ def _tensors(obj: Any) -> Iterator[Any]:
             yield from _tensors(item)
 
 
-def _constants(node: _core.Node, end: int | None = None) -> set[int]:
-    """ids of the plain tensors the node's ops read (its constants from outside), in
-    its first end records (all by default)."""
+def _storage(tensor: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            return tensor.untyped_storage().data_ptr()
+        except RuntimeError:  # a tensor without storage (meta, sparse)
+            return 0
+
+
+def _constants(node: _core.Node, end: int | None = None) -> tuple[set[int], set[int]]:
+    """(ids, memory addresses) of the plain tensors the node's ops read (its constants
+    from outside), in its first end records (all by default): a view of a tensor read
+    counts as the tensor read."""
     # Values of the node itself are Refs in the records: every tensor there is a constant.
-    return {id(tensor) for record in node.ops[:end]
-            for tensor in _tensors((record[1], record[2]))}
+    ids: set[int] = set()
+    memory: set[int] = set()
+    for record in node.ops[:end]:
+        for tensor in _tensors((record[1], record[2])):
+            ids.add(id(tensor))
+            memory.add(_storage(tensor))
+    memory.discard(0)
+    return ids, memory
 
 
 def _of_node(value: Any, node: _core.Node) -> bool:
@@ -195,8 +211,9 @@ def _of_node(value: Any, node: _core.Node) -> bool:
     return False
 
 
-def _read(value: Any, constants: set[int]) -> bool:
-    return any(id(tensor) in constants for tensor in _tensors(value))
+def _read(value: Any, constants: tuple[set[int], set[int]]) -> bool:
+    ids, memory = constants
+    return any(id(tensor) in ids or _storage(tensor) in memory for tensor in _tensors(value))
 
 
 def _changed(old: Any, new: Any) -> bool:
@@ -267,7 +284,7 @@ def check(node: _core.Node) -> None:
         _uninstall()
     if records is None or not (records.sets or records.called or records.writes):
         return
-    constants: set[int] | None = None
+    constants: tuple[set[int], set[int]] | None = None
 
     def read(value: Any) -> bool:
         nonlocal constants
@@ -275,10 +292,13 @@ def check(node: _core.Node) -> None:
             constants = _constants(node)
         return _read(value, constants)
 
-    for module, name, old, new, site in records.sets:
+    for module, name, old, new, site, buffer in records.sets:
+        # A registered buffer is state by definition: replaced by a value of the node, it
+        # is named without evidence that the node read it (a plain attribute needs that).
         owner = f"{type(module).__name__}.{name}"
         where = f"{site[0]}:{site[1]}"
-        if _of_node(new, node) and not _of_node(old, node) and read(old):
+        buffer = buffer and isinstance(old, torch.Tensor)
+        if _of_node(new, node) and not _of_node(old, node) and (buffer or read(old)):
             _report("kept", site, name,
                     f"{owner} is set at {where} to a value the node computed, for its next "
                     f"call, and the node read the previous value of {owner}", node)
@@ -302,7 +322,7 @@ def check(node: _core.Node) -> None:
     modules = list(records.called.values()) + [entry[0] for entry in records.sets]
     for receiver, op, site, before in records.writes:
         owner = _owner_of(receiver, iter(modules))
-        if owner is None and id(receiver) not in _constants(node, before):
+        if owner is None and not _read(receiver, _constants(node, before)):
             continue  # a tensor the node made for itself (not read before the write)
         held = f"the tensor {owner[0]}.{owner[1]}" if owner else \
             "a tensor from outside the node that it read before"
