@@ -172,6 +172,24 @@ class KeepsForLogging(torch.nn.Module):
         return out + 1.0
 
 
+class MovesItsConstants(torch.nn.Module):
+    """Sets its constants again in forward (device and dtype moves, a recomputed cache)
+    with the same values: nothing changes from call to call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = torch.tensor([0.5, -0.5], dtype=torch.float64)
+        self.register_buffer("std", torch.tensor([2.0, 4.0]))
+        self.scale = torch.full((2,), 3.0)
+
+    def forward(self, x):
+        self.mean = self.mean.to(x.device)
+        self.mean = self.mean.float()
+        self.std = self.std.to(x.device)
+        self.scale = torch.ones(2) * 3.0
+        return (x - self.mean) / self.std * self.scale
+
+
 class DeclaredPrevious(torch.nn.Module):
     """PreviousOutput with the fix: the kept value is a registered buffer under
     annotate.module."""
@@ -204,6 +222,16 @@ def test_values_kept_for_logging_are_not_named(bundle, caplog, passes):
     manager = InferenceManager(os.path.join(bundle.dir("g"), "g.yaml"))
     x = torch.tensor([0.3, -0.7])
     torch.testing.assert_close(manager.run_policy({"n/x": x})["n/y"], KeepsForLogging()(x))
+
+
+@pytest.mark.parametrize("passes", [1, 3])
+def test_constants_set_again_unchanged_are_not_named(bundle, caplog, passes):
+    leapp.start("g", save_path=bundle.root)
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        _run(MovesItsConstants(), passes)
+    leapp.stop()
+    _no_escape(caplog)
+    assert leapp.compile_graph(visualize=False, verbose=False) == {"n": True}
 
 
 def test_state_under_annotate_module_is_not_named_and_replays(bundle, caplog):

@@ -68,6 +68,7 @@ class _Records:
     sets: list = field(default_factory=list)     # (module, name, old, new, site, buffer?)
     called: dict = field(default_factory=dict)   # id(module) -> module
     writes: list = field(default_factory=list)   # (receiver, op name, site, ops before)
+    versions: dict = field(default_factory=dict)  # id(tensor attribute) -> version at call
 
 
 class _Probes:
@@ -117,9 +118,22 @@ def _setattr(module: torch.nn.Module, name: str, value: Any) -> None:
 
 
 def _called(module: torch.nn.Module, args: Any) -> None:
-    """The global forward pre-hook: module runs inside the open nodes."""
+    """The global forward pre-hook: module runs inside the open nodes (the versions of
+    its tensor attributes noted, to tell an attribute updated in place from one set
+    again unchanged)."""
     for records in _PROBES.open.values():
-        records.called.setdefault(id(module), module)
+        if id(module) in records.called:
+            continue
+        records.called[id(module)] = module
+        for _, value in _tensor_attributes(module):
+            records.versions.setdefault(id(value), value._version)
+
+
+def _tensor_attributes(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    buffers = module.__dict__.get("_buffers") or {}
+    for name, value in list(buffers.items()) + list(module.__dict__.items()):
+        if isinstance(value, torch.Tensor) and name not in _INTERNAL:
+            yield name, value
 
 
 def _install() -> None:
@@ -216,14 +230,23 @@ def _read(value: Any, constants: tuple[set[int], set[int]]) -> bool:
     return any(id(tensor) in ids or _storage(tensor) in memory for tensor in _tensors(value))
 
 
-def _changed(old: Any, new: Any) -> bool:
-    """Whether a plain tensor attribute holds another value than before."""
+def _changed(old: Any, new: Any, versions: dict) -> bool:
+    """Whether a plain tensor attribute holds another value than before: set again after
+    an in-place update (self.count += 1; its version moved on since its module was
+    called), or replaced by a tensor of another shape or other values (a copy on
+    another device or in another dtype with the same values is the same)."""
     if new is old:
-        return True  # set again after an in-place update (self.count += 1)
+        seen = versions.get(id(new))
+        return isinstance(new, torch.Tensor) and seen is not None and new._version != seen
     if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
         return old is not None
     with torch._C.DisableTorchFunctionSubclass():
-        return old.shape != new.shape or old.dtype != new.dtype or not torch.equal(old, new)
+        if old.shape != new.shape:
+            return True
+        try:
+            return not torch.equal(old.detach().to(new.device, new.dtype), new.detach())
+        except (RuntimeError, TypeError):  # values that do not compare: not evidence
+            return False
 
 
 def _owner_of(tensor: Any, modules: Iterator[torch.nn.Module]) -> tuple[str, str] | None:
@@ -302,7 +325,8 @@ def check(node: _core.Node) -> None:
             _report("kept", site, name,
                     f"{owner} is set at {where} to a value the node computed, for its next "
                     f"call, and the node read the previous value of {owner}", node)
-        elif not _of_node(new, node) and not _of_node(old, node) and _changed(old, new) \
+        elif not _of_node(new, node) and not _of_node(old, node) \
+                and _changed(old, new, records.versions) \
                 and (read(new) or read(old)):
             _report("changed", site, name,
                     f"{owner} changes at {where} while the node traces (a counter or a "

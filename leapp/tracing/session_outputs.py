@@ -94,6 +94,7 @@ class NodeOutputs:
             from ..bundle.backend_names import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
         updates = list(node_info.state_updates.values())
         for tracker in node_info.trackers:
             updates.extend(tracker.reassigned(node).values())
@@ -156,7 +157,6 @@ class NodeOutputs:
             if carrier is not None and carrier.port is None:
                 carrier.port = name
             _core.remember(value)
-        _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
         node.finish()
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
