@@ -103,16 +103,30 @@ def _has_tensor(value: Any) -> bool:
     return False
 
 
+def _live() -> list[_Records]:
+    """The records of the nodes still in their first pass (a node left open by an
+    exception is dropped; the probes go when none is left)."""
+    records = list(_PROBES.open.values())
+    if all(entry.node.is_tracing for entry in records):
+        return records
+    for key, entry in list(_PROBES.open.items()):
+        if not entry.node.is_tracing:
+            del _PROBES.open[key]
+    if not _PROBES.open:
+        _uninstall()
+    return list(_PROBES.open.values())
+
+
 def _setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     """nn.Module.__setattr__ while a node traces its first pass: note tensor attributes."""
-    if _PROBES.open and name not in _INTERNAL and not isinstance(value, torch.nn.Module):
+    if name not in _INTERNAL and not isinstance(value, torch.nn.Module):
         store = module.__dict__.get("_buffers")
         old = store[name] if store is not None and name in store else \
             module.__dict__.get(name)
         if _has_tensor(value) or _has_tensor(old):
             site = _user_site()
             buffer = store is not None and name in store
-            for records in _PROBES.open.values():
+            for records in _live():
                 records.sets.append((module, name, old, value, site, buffer))
     _MODULE_SETATTR(module, name, value)
 
@@ -121,12 +135,17 @@ def _called(module: torch.nn.Module, args: Any) -> None:
     """The global forward pre-hook: module runs inside the open nodes (the versions of
     its tensor attributes noted, to tell an attribute updated in place from one set
     again unchanged)."""
-    for records in _PROBES.open.values():
+    for records in _live():
         if id(module) in records.called:
             continue
         records.called[id(module)] = module
         for _, value in _tensor_attributes(module):
-            records.versions.setdefault(id(value), value._version)
+            records.versions.setdefault(id(value), _version(value))
+
+
+def _version(tensor: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor._version
 
 
 def _tensor_attributes(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -137,11 +156,14 @@ def _tensor_attributes(module: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
 
 
 def _install() -> None:
+    if _PROBES.hook is not None:
+        return
     torch.nn.Module.__setattr__ = _setattr  # type: ignore[method-assign]
     _PROBES.hook = torch.nn.modules.module.register_module_forward_pre_hook(_called)
 
 
 def _uninstall() -> None:
+    _PROBES.open.clear()
     if _PROBES.hook is not None:
         _PROBES.hook.remove()
         _PROBES.hook = None
@@ -152,10 +174,7 @@ def begin(node: _core.Node) -> None:
     """A node starts its first pass: probe until it finishes."""
     if SESSION.config is not _PROBES.session:  # a new session: sites warned anew
         _PROBES.session, _PROBES.warned = SESSION.config, set()
-    for key, records in list(_PROBES.open.items()):
-        if not records.node.is_tracing:  # left open by an exception
-            del _PROBES.open[key]
-    if not _PROBES.open:
+    if not _live():
         _install()
     _PROBES.open[id(node)] = _Records(node)
 
@@ -237,7 +256,7 @@ def _changed(old: Any, new: Any, versions: dict) -> bool:
     another device or in another dtype with the same values is the same)."""
     if new is old:
         seen = versions.get(id(new))
-        return isinstance(new, torch.Tensor) and seen is not None and new._version != seen
+        return isinstance(new, torch.Tensor) and seen is not None and _version(new) != seen
     if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
         return old is not None
     with torch._C.DisableTorchFunctionSubclass():
