@@ -273,16 +273,21 @@ def test_declared_state_is_not_named_and_replays(bundle, caplog):
 
 
 def test_probes_are_gone_outside_first_passes(bundle):
-    """Module.__setattr__ and the forward pre-hooks are torch's own again after a node's
-    first pass and after stop()."""
+    """The forward pre-hook is there only while a node is in its first pass; the
+    __setattr__ probe notes nothing outside one; both are torch's own after stop()."""
     original = torch.nn.Module.__dict__["__setattr__"]
+    module = PreviousOutput()
     leapp.start("g", save_path=bundle.root)
-    x = annotate.input_tensors("n", {"x": STEPS[0].clone()})
-    assert torch.nn.Module.__dict__["__setattr__"] is not original  # probing
-    annotate.output_tensors("n", {"y": x * 2.0}, export_with="jit")
-    assert torch.nn.Module.__dict__["__setattr__"] is original
     assert not torch.nn.modules.module._global_forward_pre_hooks
+    x = annotate.input_tensors("n", {"x": STEPS[0].clone()})
+    assert torch.nn.modules.module._global_forward_pre_hooks  # probing
+    annotate.output_tensors("n", {"y": module(x)}, export_with="jit")
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    from leapp.tracing import escapes
+    assert not escapes._PROBES.open
+    module.prev = torch.ones(2)  # outside a first pass: nothing noted
     x = annotate.input_tensors("m", {"x": STEPS[0].clone()})
     leapp.stop()  # m never finished
     assert torch.nn.Module.__dict__["__setattr__"] is original
     assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not escapes._PROBES.open

@@ -100,6 +100,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
     _core.set_tracing(True)
+    _escapes.install()  # nn.Module.__setattr__ probed for nodes' first passes
     try:
         SESSION.start(config)
     except BaseException:

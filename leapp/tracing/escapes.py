@@ -7,8 +7,9 @@ a list, a counter) and reads it back as such a constant exports a model that
 replays the traced pass's value on every call.  With two traced passes
 validation refuses it; with one, nothing would tell.  So, while a node
 traces its first pass, three cheap probes note what user code does around
-it (installed when the first node opens, removed when the last one closes;
-re-entry passes run without them):
+it (the forward pre-hook is registered while a node is in its first pass,
+the ``__setattr__`` probe is a pass-through outside one; re-entry passes run
+without them):
 
 * ``nn.Module.__setattr__``: a tensor attribute (or a list or tuple holding
   tensors) set on a module, with the user's file and line;
@@ -113,13 +114,13 @@ def _live() -> list[_Records]:
         if not entry.node.is_tracing:
             del _PROBES.open[key]
     if not _PROBES.open:
-        _uninstall()
+        _unhook()
     return list(_PROBES.open.values())
 
 
 def _setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     """nn.Module.__setattr__ while a node traces its first pass: note tensor attributes."""
-    if name not in _INTERNAL and not isinstance(value, torch.nn.Module):
+    if _PROBES.open and name not in _INTERNAL and not isinstance(value, torch.nn.Module):
         store = module.__dict__.get("_buffers")
         old = store[name] if store is not None and name in store else \
             module.__dict__.get(name)
@@ -135,12 +136,22 @@ def _called(module: torch.nn.Module, args: Any) -> None:
     """The global forward pre-hook: module runs inside the open nodes (the versions of
     its tensor attributes noted, to tell an attribute updated in place from one set
     again unchanged)."""
-    for records in _live():
-        if id(module) in records.called:
+    key = id(module)
+    for records in _PROBES.open.values():
+        if key in records.called:
             continue
-        records.called[id(module)] = module
-        for _, value in _tensor_attributes(module):
-            records.versions.setdefault(id(value), _version(value))
+        records.called[key] = module
+        attributes = module.__dict__
+        buffers = attributes.get("_buffers")
+        for store in (buffers, attributes) if buffers else (attributes,):
+            for value in store.values():
+                if isinstance(value, torch.Tensor):
+                    records.versions.setdefault(id(value), _version(value))
+
+
+def _version(tensor: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor._version
 
 
 def _version(tensor: torch.Tensor) -> int:
@@ -155,34 +166,41 @@ def _tensor_attributes(module: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
             yield name, value
 
 
-def _install() -> None:
-    if _PROBES.hook is not None:
-        return
+def install() -> None:
+    """The session starts: nn.Module.__setattr__ probed (a pass-through while no node is
+    in its first pass; patched once per session, as patching a class attribute of
+    nn.Module costs a walk over all its subclasses)."""
     torch.nn.Module.__setattr__ = _setattr  # type: ignore[method-assign]
-    _PROBES.hook = torch.nn.modules.module.register_module_forward_pre_hook(_called)
 
 
-def _uninstall() -> None:
+def _hook() -> None:
+    if _PROBES.hook is None:
+        _PROBES.hook = torch.nn.modules.module.register_module_forward_pre_hook(_called)
+
+
+def _unhook() -> None:
     _PROBES.open.clear()
     if _PROBES.hook is not None:
         _PROBES.hook.remove()
         _PROBES.hook = None
-    torch.nn.Module.__setattr__ = _MODULE_SETATTR  # type: ignore[method-assign]
 
 
 def begin(node: _core.Node) -> None:
     """A node starts its first pass: probe until it finishes."""
     if SESSION.config is not _PROBES.session:  # a new session: sites warned anew
         _PROBES.session, _PROBES.warned = SESSION.config, set()
-    if not _live():
-        _install()
+    if torch.nn.Module.__dict__["__setattr__"] is not _setattr:
+        install()
+    _live()
+    _hook()
     _PROBES.open[id(node)] = _Records(node)
 
 
 def reset() -> None:
     """The session ends: probes removed, records dropped."""
-    _PROBES.open.clear()
-    _uninstall()
+    _unhook()
+    if torch.nn.Module.__dict__["__setattr__"] is _setattr:
+        torch.nn.Module.__setattr__ = _MODULE_SETATTR  # type: ignore[method-assign]
 
 
 def on_plain_write(func: Any, receiver: Any, args: tuple) -> None:
@@ -323,7 +341,7 @@ def check(node: _core.Node) -> None:
     """The node finishes its first pass: name what escaped it (see the module doc)."""
     records = _PROBES.open.pop(id(node), None)
     if not _PROBES.open:
-        _uninstall()
+        _unhook()
     if records is None or not (records.sets or records.called or records.writes):
         return
     constants: tuple[set[int], set[int]] | None = None
@@ -352,8 +370,7 @@ def check(node: _core.Node) -> None:
                     f"value kept across calls), and the node reads it", node)
     for module in records.called.values():
         for name, value in list(vars(module).items()):
-            if name in _INTERNAL or not isinstance(value, _CONTAINERS) or not value \
-                    or isinstance(value, torch.nn.Module):
+            if type(value) not in _CONTAINERS or not value or name in _INTERNAL:
                 continue
             if _of_node(value, node) and read(value):
                 site = _source_line(module, name)
