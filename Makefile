@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
+.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,15 @@ build: setup $(CORE_STAMP)
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	@mkdir -p build && touch $@
+
+# The GPU run (tests/device/run.py, README's maintainer section): on a machine with an
+# NVIDIA GPU and its own Python and CUDA torch, build the C core there (libyaml carried
+# in tests/device/vendor/ where the machine lacks it), run the GPU tests, export the
+# device pipelines with ours and upstream 0.7.2 (its wheel carried too) and compare;
+# the report goes to $(DEVICE_OUT)/device-report.md.  Needs no venv and no network.
+DEVICE_OUT ?= build/device
+test-device:
+	tests/device/run.sh --out $(DEVICE_OUT)
 
 # The compatibility matrix (tests/matrix.py): the subset of the suite that covers
 # tracing, every backend, InferenceManager, fuse, the examples and rsl-rl-lib, run

@@ -213,7 +213,11 @@ PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
 
 /* ---- node.c ---------------------------------------------------------- */
 
-enum { NODE_OPEN = 0, NODE_DONE = 1 };
+/* NODE_TAIL: finished for the annotations (its ports fixed, re-entry checks
+ * apply), but ops on its internal values (neither declared nor published) are
+ * still recorded: a declared state's update computed after output_tensors,
+ * until update_state binds it (leapp.tracing.session_outputs). */
+enum { NODE_OPEN = 0, NODE_DONE = 1, NODE_TAIL = 2 };
 
 /* A Node's port lists are tuples only node.c builds: Python reads them and
  * changes them through the Node methods (add_input, add_outputs,
@@ -265,6 +269,7 @@ typedef struct {
     NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
     CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
     int dynamic;              /* a value of the tracing node with a data-dependent shape */
+    int retry;                /* a tail node's value came before an open node's: walk again */
 } trace_walk;
 int trace_is_tensor(leapp_state *st, PyObject *obj);
 PyObject *trace_run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args,

@@ -70,15 +70,28 @@ template_of(trace_walk *w, PyObject *obj)
         if (w->first == NULL) {
             w->first = (CarrierObject *)Py_NewRef(c); /* released by torch_function */
         }
-        if (((NodeObject *)c->node)->state != NODE_OPEN) {
+        if (((NodeObject *)c->node)->state == NODE_TAIL) {
+            /* Only the tail node's internal values are recorded, and only by
+             * an op no open node takes part in; otherwise they are constants. */
+            if (c->port != NULL || c->declared
+                || (w->active != NULL && w->active != (NodeObject *)c->node)) {
+                return Py_NewRef(obj);
+            }
+        }
+        else if (((NodeObject *)c->node)->state != NODE_OPEN) {
             return Py_NewRef(obj);
         }
         if (w->active == NULL) {
             w->active = (NodeObject *)Py_NewRef(c->node); /* released by torch_function */
         }
         else if (w->active != (NodeObject *)c->node) {
-            raise_mixed(w, (NodeObject *)c->node);
-            return NULL;
+            if (w->active->state != NODE_TAIL) {
+                raise_mixed(w, (NodeObject *)c->node);
+                return NULL;
+            }
+            /* The open node records the op; the walk starts again from it. */
+            Py_SETREF(w->active, (NodeObject *)Py_NewRef(c->node));
+            w->retry = 1;
         }
         assert(c->vid >= 0 && c->vid < w->active->nvalues); /* a value the node handed out */
         w->dynamic |= c->dynamic;
@@ -192,7 +205,7 @@ static int
 bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
 {
     CarrierObject *c = carrier_of(st, r); /* borrowed */
-    assert(node->state == NODE_OPEN && vid >= 0 && vid < node->nvalues);
+    assert(node->state != NODE_DONE && vid >= 0 && vid < node->nvalues);
     if (c != NULL && c->node == (PyObject *)node) {
         c->vid = vid; /* an op that returned (or mutated) its receiver */
         return 0;
@@ -396,7 +409,7 @@ trace_active(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject 
     PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
     PyObject *into = (kind == OP_INPLACE || kind == OP_OVERWRITE) ? NULL
                          : out_target(st, kwargs); /* borrowed */
-    assert(node != NULL && node->state == NODE_OPEN && targs != NULL);
+    assert(node != NULL && node->state != NODE_DONE && targs != NULL);
     if (into != NULL) {
         /* out=: a write into that tensor, recorded functionally like an
          * in-place op (rewrite() drops the keyword). */
@@ -552,7 +565,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
 {
     leapp_state *st = leapp_get_state(module);
     PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
-    trace_walk w = {st, NULL, NULL, NULL, 0};
+    trace_walk w = {st, NULL, NULL, NULL, 0, 0};
     int kind, base;
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
@@ -588,6 +601,22 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
             goto done;
         }
     }
+    if (w.retry) {
+        /* w.active is now the open node: the tail node's values become constants */
+        Py_CLEAR(targs);
+        Py_CLEAR(tkwargs);
+        w.dynamic = 0;
+        targs = template_of(&w, args);
+        if (targs == NULL) {
+            goto done;
+        }
+        if (kwargs != Py_None) {
+            tkwargs = template_of(&w, kwargs);
+            if (tkwargs == NULL) {
+                goto done;
+            }
+        }
+    }
     kind = op_kind(st, func);
     if (kind < 0) {
         goto done;
@@ -595,6 +624,14 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     base = kind & OP_KIND_MASK;
     if (PyThread_get_thread_ident() != st->owner) {
         result = trace_foreign(st, &w, base, func, types, args, kwargs);
+    }
+    else if (w.active != NULL && w.active->state == NODE_TAIL
+             && (base == OP_CONVERSION || base == OP_SIZE)) {
+        /* a tail value read into Python: no guard, the node's pass is over */
+        result = trace_run_eager(st, func, types, args, kwargs);
+    }
+    else if (w.active != NULL && w.active->state == NODE_TAIL && base != OP_SCRIPTED) {
+        result = trace_active(st, &w, base, func, types, args, kwargs, targs, tkwargs);
     }
     else if (w.active != NULL && ((kind & OP_RANDOM) != 0 || base == OP_SCRIPTED)) {
         result = trace_hooked(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
