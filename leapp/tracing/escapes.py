@@ -34,7 +34,9 @@ Each is named once per site at WARNING (refused under
 (``annotate.state_tensors`` / ``annotate.update_state``) or a buffer of a
 module under ``annotate.module``.  A value stored and never read back by the
 node (kept for logging) is not named.  What the probes cannot see: Python
-numbers (an int counter), objects that are not ``nn.Module``\\ s, and a
+numbers (an int counter), a counter updated in place under
+``torch.inference_mode`` (its tensors keep no version), objects that are not
+``nn.Module``\\ s, and a
 place that held nothing the node read on the first pass (``None``): validation
 of a second pass refuses those.
 """
@@ -149,28 +151,21 @@ def _called(module: torch.nn.Module, args: Any) -> None:
                     records.versions.setdefault(id(value), _version(value))
 
 
-def _version(tensor: torch.Tensor) -> int:
+def _version(tensor: torch.Tensor) -> int | None:
+    """tensor's version counter; None for an inference tensor (torch.inference_mode),
+    which has none."""
     with torch._C.DisableTorchFunctionSubclass():
-        return tensor._version
-
-
-def _version(tensor: torch.Tensor) -> int:
-    with torch._C.DisableTorchFunctionSubclass():
-        return tensor._version
-
-
-def _tensor_attributes(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    buffers = module.__dict__.get("_buffers") or {}
-    for name, value in list(buffers.items()) + list(module.__dict__.items()):
-        if isinstance(value, torch.Tensor) and name not in _INTERNAL:
-            yield name, value
+        try:
+            return tensor._version
+        except RuntimeError:
+            return None
 
 
 def install() -> None:
     """The session starts: nn.Module.__setattr__ probed (a pass-through while no node is
     in its first pass; patched once per session, as patching a class attribute of
     nn.Module costs a walk over all its subclasses)."""
-    torch.nn.Module.__setattr__ = _setattr  # type: ignore[method-assign]
+    torch.nn.Module.__setattr__ = _setattr  # type: ignore[method-assign,assignment]
 
 
 def _hook() -> None:
@@ -274,7 +269,10 @@ def _changed(old: Any, new: Any, versions: dict) -> bool:
     another device or in another dtype with the same values is the same)."""
     if new is old:
         seen = versions.get(id(new))
-        return isinstance(new, torch.Tensor) and seen is not None and _version(new) != seen
+        if not isinstance(new, torch.Tensor) or seen is None:
+            return False
+        now = _version(new)
+        return now is not None and now != seen
     if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
         return old is not None
     with torch._C.DisableTorchFunctionSubclass():
@@ -381,12 +379,12 @@ def check(node: _core.Node) -> None:
                         f"call, next to values from earlier calls that the node read", node)
     modules = list(records.called.values()) + [entry[0] for entry in records.sets]
     for receiver, op, site, before in records.writes:
-        owner = _owner_of(receiver, iter(modules))
-        if owner is None and not _read(receiver, _constants(node, before)):
+        holder = _owner_of(receiver, iter(modules))
+        if holder is None and not _read(receiver, _constants(node, before)):
             continue  # a tensor the node made for itself (not read before the write)
-        held = f"the tensor {owner[0]}.{owner[1]}" if owner else \
+        held = f"the tensor {holder[0]}.{holder[1]}" if holder else \
             "a tensor from outside the node that it read before"
-        name = owner[1] if owner else "value"
+        name = holder[1] if holder else "value"
         _report("write", site, name,
                 f"'{op}' at {site[0]}:{site[1]} writes a value of the node into {held}, "
                 f"which is neither an input nor tracked state of the node", node)

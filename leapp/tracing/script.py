@@ -65,7 +65,7 @@ def script_site() -> tuple | None:
     node = interpreter.node
     file, line, text = "<TorchScript>", 0, ""
     if node is not None:
-        found = _SOURCE_AT.search(node.sourceRange() or "")
+        found = _SOURCE_AT.search(str(node.sourceRange() or ""))
         if found is not None:
             file, line = found.group("file"), int(found.group("line"))
             text = linecache.getline(file, line).split(" #")[0].strip()
