@@ -291,3 +291,16 @@ def test_probes_are_gone_outside_first_passes(bundle):
     assert torch.nn.Module.__dict__["__setattr__"] is original
     assert not torch.nn.modules.module._global_forward_pre_hooks
     assert not escapes._PROBES.open
+
+
+@pytest.mark.parametrize("case", sorted(TRAPS))
+def test_named_under_inference_mode_too(bundle, case, caplog):
+    """Export scripts run policies under torch.inference_mode (Isaac Lab does): the probes
+    work there (inference tensors keep no version counter)."""
+    cls, _ = TRAPS[case]
+    with torch.inference_mode():
+        module = cls()
+        leapp.start("g", save_path=bundle.root)
+        with caplog.at_level(logging.WARNING, logger="leapp"):
+            _run(module, 1)
+    assert len(_named(caplog, _site(cls))) == (0 if case == "counter" else 1)
