@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	# tritonserver for tests/test_triton.py: only the binary is used, so the wheel's
 	# Python requirements (numpy<2 among them) are not installed
 	$(PIP) install -c constraints.txt --no-deps nvidia-pytriton==0.7.0
+	# rl-games for tests/test_client_exports.py: its psutil<6 pin clashes with ipython's
+	# psutil>=7 and it never imports psutil; its other requirements are in the test extra
+	$(PIP) install -c constraints.txt --no-deps rl-games==1.6.5
 	@mkdir -p build && touch $(STAMP) $(CORE_STAMP)
 
 build: setup $(CORE_STAMP)
@@ -59,10 +62,13 @@ debug: setup
 	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
 	@rm -f $(CORE_STAMP)
 
-# The whole suite on the debug core, then the release core back.
+# The whole suite on the debug core, then the release core back
+# (LEAPP_EXPECT_ASSERTS=1: tests/conftest.py stops the run if the core it
+# imports has no asserts).
 test-debug: setup
 	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
-	$(PY) -m pytest -q -p no:warnings tests; status=$$?; \
+	$(PY) -c "from leapp import _core; assert _core.ASSERTS, 'not the debug core'" \
+	&& LEAPP_EXPECT_ASSERTS=1 $(PY) -m pytest -q -p no:warnings tests; status=$$?; \
 	$(PY) setup.py -q build_ext --inplace --force; exit $$status
 
 demo: build
@@ -71,7 +77,8 @@ demo: build
 test: build
 	$(PY) -m pytest -q -p no:warnings tests
 
-# ASan + UBSan build of the core, then two runs under the sanitizers:
+# ASan + UBSan build of the core, with assert() on (the invariants csrc/ states
+# are checked on every path the suite drives), then two runs under the sanitizers:
 # 1. leak-checked: tests/c, tests/test_leaks.py (the hot paths repeated in fresh
 #    interpreters, which inherit the settings) and tests/test_lsan.py, with
 #    LeakSanitizer on (detect_leaks=1) and PYTHONMALLOC=malloc, so that memory
@@ -89,7 +96,7 @@ test: build
 # LEAPP_SANITIZED=1 tells the tests that measure RSS that ASan's quarantine
 # holds freed memory.  The normal build is restored after.
 SANITIZER_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)
-SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" LEAPP_SANITIZED=1
+SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" LEAPP_SANITIZED=1 LEAPP_EXPECT_ASSERTS=1
 LEAK_CHECKED_ENV = $(SANITIZER_ENV) ASAN_OPTIONS=detect_leaks=1 PYTHONMALLOC=malloc \
 	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0
 LEAK_CHECKED_TESTS = tests/c tests/test_leaks.py tests/test_lsan.py

@@ -189,3 +189,13 @@ def test_tail_values_in_another_node_are_constants(tmp_path):
     assert [p.name for p in a.outputs] == ["y", "h"] and a.outputs[1].is_state
     graph = b.info["leapp"].graph_module.module
     assert torch.equal(graph(torch.full((1, 4), 2.0)), torch.full((1, 4), 6.0))
+
+
+def test_late_update_from_a_published_output_is_named(tmp_path):
+    leapp.start("late", save_path=str(tmp_path))
+    obs = annotate.input_tensors("actor", {"obs": torch.ones(1, 4)})
+    (h,) = annotate.state_tensors("actor", {"h": torch.zeros(1, 4)})
+    y = obs + h
+    annotate.output_tensors("actor", {"y": y})
+    with pytest.raises(RuntimeError, match="from its published output 'y'"):
+        annotate.update_state("actor", {"h": y * 0.9})

@@ -348,7 +348,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
         handle.write(model.to_yaml())
     from .deploy_check import log_compile
-    log_compile(model, None if skip_export else staging)
+    log_compile(model, None if skip_export else staging, bundle)
     if visualize:
         _visualize(staging, bundle, cfg.graph_name, model)
     written = os.listdir(staging)
@@ -450,7 +450,8 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
             _checkpoint("validated")
             if fuse and not skip_export:
                 _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
-            _log_artifacts(cfg, bundle, nodes, exported, models)
+            if not skip_export:  # as upstream: a dry run writes no artifacts record
+                _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
             if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
                 from ..view import write_staged

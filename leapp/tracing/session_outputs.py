@@ -22,7 +22,7 @@ from .state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import describe, is_tensor, tensor_leaf
+from .session_checks import DERIVED, describe, is_tensor, tensor_leaf
 
 
 class NodeOutputs:
@@ -361,9 +361,11 @@ class DeclaredState:
                 value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
+                # upstream's words first, then the node and the fix
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "
-                      f"state tensor of node '{node_name}'. Declare it first with "
-                      f"annotate.state_tensors('{node_name}', {{'{name}': initial}}).")
+                      f"state tensor. Call state_tensors() first. Node '{node_name}' has no "
+                      f"state '{name}': declare it with annotate.state_tensors('{node_name}', "
+                      f"{{'{name}': initial}}) before updating it.")
             if node.is_tracing:
                 self._check_outputs("update_state", node, [Leaf(name, value, None, (name,))])
             elif node.in_tail and name in node_info.late_states:
@@ -395,8 +397,16 @@ class DeclaredState:
         if carrier is not None and carrier.node is node:
             return
         file, line = call_site()
-        origin = (f"a value of node '{carrier.node.name}'" if carrier is not None
-                  else "a value computed outside the node's traced ops")
+        tag = getattr(value, "__dict__", {}).get(DERIVED) if carrier is None else None
+        if carrier is not None:
+            origin = f"a value of node '{carrier.node.name}'"
+        elif isinstance(tag, tuple) and len(tag) == 3 and tag[0] == node.name:
+            origin = (f"a value computed by '{tag[2]}' from its published output '{tag[1]}' "
+                      f"(published values are constants once output_tensors has run; "
+                      f"use the value the model returned, before it was published)")
+        else:
+            origin = "a value computed outside the node's traced ops"
+
         fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
               f"comes after the node's output_tensors and receives {origin}: the update "
               f"cannot be tied to the call that declared the state, so the exported state "
