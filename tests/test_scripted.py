@@ -15,6 +15,7 @@ a node with random ops name the op instead of an inlined constant.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional
 
@@ -323,3 +324,119 @@ def test_dropout_in_eval_mode_is_not_random(bundle):
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(6))
     (got,) = manager.run_policy({"n/x": x}).values()
     torch.testing.assert_close(got, x + 1.0, rtol=0, atol=0)  # dropout off: the identity
+
+
+# ---------------------------------------------------------------------------
+# control flow inside a TorchScript callable: guarded like Python control flow
+
+
+class _Gate(torch.nn.Module):
+    def forward(self, h):
+        if bool(h.sum() > 0):  # scripted branch
+            return h * 2.0
+        return h * 3.0
+
+
+class _Repeat(torch.nn.Module):
+    def forward(self, h):
+        out = h
+        for _ in range(int(h.abs().sum())):  # scripted trip count
+            out = out + 1.0
+        return out
+
+
+class _Until(torch.nn.Module):
+    def forward(self, h):
+        out = h
+        while bool(out.sum() < 10.0):  # scripted loop condition
+            out = out + 1.0
+        return out
+
+
+SCRIPTED_FLOW = {"branch": (_Gate, "# scripted branch"),
+                 "trip_count": (_Repeat, "# scripted trip count"),
+                 "loop_condition": (_Until, "# scripted loop condition")}
+FLOW_INPUTS = {"branch": (torch.tensor([1.0, 2.0]), torch.tensor([-1.0, -3.0])),
+               "trip_count": (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0])),
+               "loop_condition": (torch.tensor([1.0, 2.0]), torch.tensor([4.0, 5.0]))}
+
+
+def _line_of(marker: str) -> str:
+    here = next(i for i, text in enumerate(open(__file__), 1)
+                if text.rstrip().endswith(marker))
+    return f"{__file__}:{here}"
+
+
+def _flow_pass(module, x):
+    x = annotate.input_tensors("n", {"x": x.clone()})
+    out = module(x)  # scripted call
+    return annotate.output_tensors("n", {"y": out}, export_with="jit")
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPTED_FLOW))
+def test_scripted_control_flow_is_reported_once_with_its_lines(bundle, case, caplog):
+    cls, marker = SCRIPTED_FLOW[case]
+    module = torch.jit.script(cls())
+    first, _ = FLOW_INPUTS[case]
+    leapp.start("g", save_path=bundle.root)
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        _flow_pass(module, first)
+    site = _line_of(marker)
+    records = [r for r in caplog.records if site in r.getMessage()]
+    assert len(records) == 1, [r.getMessage() for r in caplog.records]
+    message = records[0].getMessage()
+    assert "TorchScript method" in message and f"{cls.__name__}.forward" in message
+    assert f"called at {_line_of('# scripted call')}" in message
+    assert "baked" in message and "torch.where" in message
+    if case == "branch":
+        assert records[0].levelno == logging.ERROR
+        assert message.startswith("Attempted to use TracedTensor")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False, verbose=False) == {"n": True}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPTED_FLOW))
+def test_scripted_control_flow_taking_another_way_on_a_later_pass_is_refused(bundle, case):
+    cls, marker = SCRIPTED_FLOW[case]
+    module = torch.jit.script(cls())
+    first, other = FLOW_INPUTS[case]
+    leapp.start("g", save_path=bundle.root)
+    _flow_pass(module, first)
+    _flow_pass(module, first + 0.0)  # the same way: accepted
+    with pytest.raises(RuntimeError, match="the trace took another branch at "
+                       + _line_of(marker).replace(".", r"\.")) as err:
+        _flow_pass(module, other)
+    assert f"{cls.__name__}.forward" in str(err.value)
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPTED_FLOW))
+def test_scripted_control_flow_refused_under_strict_guards(bundle, case):
+    cls, marker = SCRIPTED_FLOW[case]
+    leapp.start("g", save_path=bundle.root, strict_guards=True)
+    with pytest.raises(RuntimeError, match="strict_guards=True") as err:
+        _flow_pass(torch.jit.script(cls()), FLOW_INPUTS[case][0])
+    assert _line_of(marker) in str(err.value)
+
+
+def test_scripted_branch_exports_the_branch_it_took(bundle):
+    """Two passes the same way: the bundle replays that branch, exactly."""
+    module = torch.jit.script(_Gate())
+    leapp.start("g", save_path=bundle.root)
+    for x in (torch.tensor([1.0, 2.0]), torch.tensor([3.0, 0.5])):
+        _flow_pass(module, x)
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False, verbose=False) == {"n": True}
+    manager = InferenceManager(os.path.join(bundle.dir("g"), "g.yaml"))
+    x = torch.tensor([0.25, 4.0])
+    torch.testing.assert_close(manager.run_policy({"n/x": x})["n/y"], module(x))
+
+
+def test_scripted_code_without_data_dependent_flow_reports_nothing(bundle, caplog):
+    leapp.start("g", save_path=bundle.root)
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        for seed in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+            x = annotate.input_tensors("n", {"x": x})
+            annotate.output_tensors("n", _outputs(POLICY(x)), export_with="jit")
+    assert not [r for r in caplog.records if r.name == "leapp"], \
+        [r.getMessage() for r in caplog.records]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import _core
-from ..tracing import guards as _guards
+from ..tracing import escapes as _escapes, guards as _guards
 from . import incremental as _incremental, publish as _publish
 from ..bundle import log as _logging
 from ..bundle.digest import file_digests
@@ -100,6 +100,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
     _core.release_traced()  # tensors left traced by a session never stopped
     _core.reset_nodes()
     _core.set_tracing(True)
+    _escapes.install()  # nn.Module.__setattr__ probed for nodes' first passes
     try:
         SESSION.start(config)
     except BaseException:
@@ -111,6 +112,7 @@ def _teardown_session() -> None:
     """Put back module buffers and patched functions; tracing off; traced tensors plain."""
     API.close_tails()  # states whose late update never came stay regular inputs
     _core.set_tracing(False)
+    _escapes.reset()
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
             tracker.restore()

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import alias as _alias, guards as _guards, method as _method, mirror as _mirror
+from . import alias as _alias, escapes as _escapes, guards as _guards, method as _method
+from . import mirror as _mirror
 from . import numpy_array as _numpy
 from .. import _core
 from ..bundle.log import fatal, logger
@@ -70,6 +71,7 @@ class SessionAPI(NodeOutputs, DeclaredState):
         node = _core.Node(name)
         node.info["leapp"] = NodeInfo()
         _core.register_node(node)
+        _escapes.begin(node)  # what user code keeps for the next call (leapp.tracing.escapes)
         logger.info("Node context initialized: %s", name)
         return node
 

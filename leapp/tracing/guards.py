@@ -35,6 +35,7 @@ import torch
 from .. import _core
 from ..bundle.log import fatal, logger
 from .node_info import NodeInfo, info
+from .script import script_site
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -83,7 +84,10 @@ def _site() -> tuple[str, int] | None:
 
     None when the conversion is leapp's own (the nearest frame outside torch
     is in leapp) or torch's printing of a tensor (repr, format): neither
-    decides what the graph computes.
+    decides what the graph computes.  A conversion made by a TorchScript
+    instruction that leapp runs op by op (leapp.tracing.script) is the
+    user's: its site is that instruction's source line, with the callable and
+    the call site as a third item.
     """
     try:
         frame: Any = sys._getframe(2)  # _site <- on_conversion <- the converting code
@@ -97,13 +101,19 @@ def _site() -> tuple[str, int] | None:
                 or name.endswith("_tensor_str.py"):
             return None
         frame = frame.f_back
-    if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+    if frame is None:
         return None
+    if frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+        return script_site() if frame.f_code.co_filename == _SCRIPT_FILE else None
     return (frame.f_code.co_filename, frame.f_lineno)
 
 
-def _where(site: tuple[str, int]) -> str:
-    return f"{site[0]}:{site[1]}"
+_SCRIPT_FILE = sys.modules[script_site.__module__].__file__
+
+
+def _where(site: tuple) -> str:
+    """file:line of a site, and for a TorchScript instruction what it is."""
+    return f"{site[0]}:{site[1]}" + (f" ({site[2]})" if len(site) > 2 else "")
 
 
 def _shown(value: Any) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _core
+from . import escapes as _escapes
 from .guards import conversion_kind
 from .node_info import info
 from .script import user_site
@@ -217,6 +218,10 @@ def _has_traced(obj: Any) -> bool:
 def rewrite(func: Any, args: tuple, kwargs: dict | None) -> tuple:
     """(func, args, kwargs) to record for an in-place op, before it runs."""
     kwargs = dict(kwargs or {})
+    receiver = kwargs.get("out") if isinstance(kwargs.get("out"), torch.Tensor) else \
+        (args[0] if args else None)
+    if isinstance(receiver, torch.Tensor) and _core.carrier_of(receiver) is None:
+        _escapes.on_plain_write(func, receiver, (args, kwargs))  # leapp.tracing.escapes
     if isinstance(kwargs.get("out"), torch.Tensor) and functional_twin(func) is None \
             and func is not torch.Tensor.__setitem__ and func is not torch.Tensor.copy_:
         # torch.add(a, b, out=c): c takes the result; the core binds it to c.

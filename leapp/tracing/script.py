@@ -6,9 +6,13 @@ one call it would be a ScriptMethod in the node's graph, which no exporter
 takes.  Instead the callable's own TorchScript graph (calls inlined) is run
 here node by node on the traced arguments, so each ``aten`` op goes through
 the core's handler like any torch op and the exported node computes what the
-compiled code computed.  Control flow follows the values (a branch on a
-traced value is a guard, as in Python code); module attributes are read from
-the scripted module; in-place ``aten`` ops are recorded functionally.
+compiled code computed.  Control flow follows the values: a ``prim::If`` or
+``prim::Loop`` whose condition or trip count comes from a traced value reads
+that value into Python (``aten::Bool``, ``aten::Int``, ...), which is a guard
+exactly as in Python code (leapp.tracing.guards), recorded at the callable's
+own source line and the user's call site (:func:`script_site`); module
+attributes are read from the scripted module; in-place ``aten`` ops are
+recorded functionally.
 
 A ScriptMethod call with a traced argument reaches the core's handler (torch
 dispatches ``__torch_function__`` for it), whose op kind ``OP_SCRIPTED``
@@ -20,7 +24,9 @@ the user's file and line, and the fix.
 """
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import sys
 from typing import Any, Callable, Iterator
 
@@ -37,6 +43,37 @@ SCRIPT_TYPES = (torch._C.ScriptMethod, torch._C.ScriptFunction)
 
 class UnsupportedScript(NotImplementedError):
     """A TorchScript instruction the interpreter cannot trace through."""
+
+
+# The interpreters running now, innermost last (a TorchScript callable called
+# on traced values inside another one's trace-through).
+_RUNNING: list["_Interpreter"] = []
+_SOURCE_AT = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def script_site() -> tuple | None:
+    """The guard site of a conversion made by the running interpreter, else None.
+
+    (file, line, where): the TorchScript source line of the graph instruction
+    that reads a traced value into Python (the ``bool(...)`` of an ``if``, the
+    ``int(...)`` of a ``range``), and a note naming the callable, that line's
+    text and the user's call of it.  One site per instruction and call site, so
+    a later pass compares occurrence by occurrence, as for Python code.
+    """
+    if not _RUNNING:
+        return None
+    interpreter = _RUNNING[-1]
+    node = interpreter.node
+    file, line, text = "<TorchScript>", 0, ""
+    if node is not None:
+        found = _SOURCE_AT.search(str(node.sourceRange() or ""))
+        if found is not None:
+            file, line = found.group("file"), int(found.group("line"))
+            text = linecache.getline(file, line).split(" #")[0].strip()
+    call_file, call_line = interpreter.call_site
+    quoted = f"`{text}` " if text else ""
+    return (file, line, f"{quoted}in {describe(interpreter.func)}, called at "
+                        f"{call_file}:{call_line}")
 
 
 def user_site() -> tuple[str, int]:
@@ -86,8 +123,10 @@ _SCALAR_CASTS = {"aten::Int": int, "aten::Float": float, "aten::Bool": bool,
 
 
 class _Interpreter:
-    def __init__(self, func: Any) -> None:
+    def __init__(self, func: Any, call_site: tuple[str, int]) -> None:
         self.func = func
+        self.call_site = call_site
+        self.node: torch._C.Node | None = None  # the instruction running (script_site)
         self.env: dict[torch._C.Value, Any] = {}
 
     def value(self, v: torch._C.Value) -> Any:
@@ -111,6 +150,7 @@ class _Interpreter:
     def run_node(self, node: torch._C.Node) -> None:  # noqa: C901 (one case per instruction)
         kind = node.kind()
         ins = [self.env[v] for v in node.inputs()]
+        self.node = node
         if kind == "prim::Constant":
             out = node.output()
             value = out.toIValue()
@@ -220,18 +260,21 @@ def _bind_inputs(func: Any, graph: torch._C.Graph, args: tuple, kwargs: dict) ->
 def trace_through(func: Any, args: tuple, kwargs: dict | None) -> Any:
     """Run the TorchScript callable func on traced arguments, op by op (OP_SCRIPTED)."""
     graph = func.inlined_graph
-    interpreter = _Interpreter(func)
+    interpreter = _Interpreter(func, user_site())
+    _RUNNING.append(interpreter)
     try:
         inputs = _bind_inputs(func, graph, tuple(args), kwargs or {})
         outputs = interpreter.run_block(graph, inputs)
     except UnsupportedScript as exc:
-        file, line = user_site()
+        file, line = interpreter.call_site
         raise NotImplementedError(
             f"{describe(func)} called at {file}:{line} runs the TorchScript instruction "
             f"'{exc}', which leapp cannot trace through. Call the module or function's "
             f"Python code inside the node instead of its torch.jit.script / torch.jit.trace "
             f"version (e.g. keep the nn.Module you scripted), or replace it with an "
             f"annotate FunctionPatch.") from None
+    finally:
+        _RUNNING.pop()
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import alias as _alias, guards as _guards, numpy_array as _numpy
+from . import alias as _alias, escapes as _escapes, guards as _guards
+from . import numpy_array as _numpy
 from .. import _core
 from .fx import build_graph_module
 from .buffers import BufferTracker
@@ -94,6 +95,7 @@ class NodeOutputs:
             from ..bundle.backend_names import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
         updates = list(node_info.state_updates.values())
         for tracker in node_info.trackers:
             updates.extend(tracker.reassigned(node).values())
