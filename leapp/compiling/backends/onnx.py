@@ -1,4 +1,11 @@
-"""ONNX backends: onnx-dynamo (torch.onnx.export(dynamo=True)) and onnx-torchscript.
+"""ONNX backends: onnx-dynamo (leapp's ONNX writer, else torch.onnx.export(dynamo=True))
+and onnx-torchscript.
+
+For onnx-dynamo (and `onnx`) the node's graph is written by
+leapp.compiling.onnx_writer; a node with a call the writer has no rule for goes
+through torch's dynamo exporter, and the warning, log.txt and the compile
+summary name the call.  LEAPP_ONNX_WRITER=torch sends every node to torch's
+exporter.
 
 The ONNX graph's input and output names are the node's YAML port names, in
 YAML order.  A name that is both an input and an output of the node (a state
@@ -61,8 +68,13 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     input_names, output_names = deduplicate_names(node, input_names, output_names)
     opset = params.get("opset_version")
     opset = default_opset() if opset is None else int(opset)
+    fallback = None
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
+        proto = None
         if name == "onnx-dynamo":
+            proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
+                                     params)
+        if name == "onnx-dynamo" and proto is None:
             proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
                                    params, context.verbose)
         else:
@@ -81,7 +93,32 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     # No session here: validation loads the saved file the way InferenceManager does.
     return Exported(model=None, path=path, yaml_backend="onnx",
                     input_names=input_names, output_names=output_names,
-                    parameters={"opset_version": opset}, dropped_inputs=dropped)
+                    parameters={"opset_version": opset}, dropped_inputs=dropped,
+                    fallback=fallback)
+
+
+def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: list[str],
+           output_names: list[str], opset: int, params: dict) -> tuple[Any, str | None]:
+    """(the writer's model, None), or (None, why) when this node goes to torch's exporter."""
+    from .. import onnx_writer
+    from ..._version import __version__
+
+    if not onnx_writer.enabled():
+        return None, None  # chosen by the user: not a fallback
+    torch_only = [k for k in ("verify", "report") if params.get(k)]
+    if torch_only:
+        reason = f"backend_params {torch_only} ask for torch's exporter"
+    else:
+        try:
+            return onnx_writer.write_model(node, module, list(inputs), input_names,
+                                           output_names, opset, __version__), None
+        except onnx_writer.NoRule as exc:
+            reason = str(exc)
+        except Exception as exc:  # a writer bug must not cost the user the export
+            reason = f"the ONNX writer failed: {type(exc).__name__}: {exc}"
+    logger.warning("[%s] exported with torch's ONNX exporter: %s (set %s=torch to use it for "
+                   "every node)", node, reason, onnx_writer.ENV)
+    return None, reason
 
 
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,

@@ -1,0 +1,490 @@
+"""The graph walk and model assembly of the ONNX writer.
+
+A node's torch.fx.GraphModule is run once on its example inputs (the traced
+port values), which gives every fx value its static shape and dtype as eager
+computes them.  Each call is then handed to the rule registered for it
+(leapp.compiling.onnx_writer.rules): the rule appends ONNX nodes through an
+Emitter and returns the name(s) of its result(s).  A call whose arguments are
+all constants (module buffers, Python numbers) is folded to its eager value.
+The finished model is checked: every value a rule produced must have, after
+ONNX shape inference, the dtype and shape eager gave it, or the node is
+refused (WriterError) and goes through torch's exporter.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ...bundle.dtypes import onnx_type
+from ...tracing import ops as _tracing_ops
+
+
+class NoRule(Exception):
+    """A call the writer has no rule for (or a form of it a rule refuses)."""
+
+    def __init__(self, op: str, detail: str = "") -> None:
+        self.op = op
+        self.detail = detail
+        super().__init__(f"no ONNX rule for {op}" + (f" ({detail})" if detail else ""))
+
+
+class WriterError(Exception):
+    """The writer produced a model that disagrees with eager (a rule's bug)."""
+
+
+#: Functions that draw random numbers are never folded into constants.
+def _is_random(func: Any) -> bool:
+    return _tracing_ops.random_name(func) is not None
+
+
+def op_label(node: fx.Node) -> str:
+    """How messages name an fx call: torch.add, Tensor.view, operator.getitem, ..."""
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    target = node.target
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", None) or str(target)
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if module.startswith("torch._C._nn") or module == "torch.nn.functional":
+        return f"torch.nn.functional.{name}"
+    if module.startswith("torch._C._linalg"):
+        return f"torch.linalg.{name.replace('linalg_', '')}"
+    if module.startswith("torch"):
+        return f"torch.{name}"
+    if module.startswith("leapp"):
+        return f"leapp.{name}"
+    return f"{module}.{name}" if module else name
+
+
+def rule_key(node: fx.Node) -> str:
+    """The registry key of a call: methods by name, functions by their __name__."""
+    if node.op == "call_method":
+        return str(node.target)
+    target = node.target
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", None) or str(target)
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if name.startswith("linalg_"):
+        name = name[len("linalg_"):]
+    return name
+
+
+class Emitter:
+    """Collects ONNX nodes and initialisers with unique value names."""
+
+    def __init__(self, opset: int, reserved: set[str]) -> None:
+        import onnx.helper as helper
+        self.helper = helper
+        self.opset = opset
+        self.nodes: list = []
+        self.initializers: list = []
+        self.used: set[str] = set(reserved)
+        self.counter = 0
+        self._consts: dict[tuple, str] = {}
+
+    def fresh(self, hint: str = "v") -> str:
+        hint = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
+        while True:
+            self.counter += 1
+            name = f"{hint}_{self.counter}"
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+    def op(self, op_type: str, inputs: list, outputs: int = 1, **attrs: Any) -> Any:
+        """Append one node; its output name (a list when outputs > 1)."""
+        names = [self.fresh(op_type.lower()) for _ in range(outputs)]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.nodes.append(self.helper.make_node(op_type, [i or "" for i in inputs], names,
+                                                **attrs))
+        return names[0] if outputs == 1 else names
+
+    def tensor_const(self, tensor: torch.Tensor, hint: str = "c") -> str:
+        """An initialiser holding tensor (bytes copied; dtype kept)."""
+        t = tensor.detach().contiguous().cpu()
+        small = t.numel() <= 16
+        key = None
+        if small:
+            key = (t.dtype, tuple(t.shape), tensor_proto(t, "").raw_data)
+            found = self._consts.get(key)
+            if found is not None:
+                return found
+        name = self.fresh(hint)
+        self.initializers.append(tensor_proto(t, name))
+        if key is not None:
+            self._consts[key] = name
+        return name
+
+    def const(self, value: Any, dtype: torch.dtype, shape: tuple | None = None) -> str:
+        """A constant of dtype from a Python number or sequence (shape: reshaped to it)."""
+        t = torch.tensor(value, dtype=torch.float64 if dtype.is_floating_point else None)
+        t = t.to(dtype)
+        if shape is not None:
+            t = t.reshape(shape)
+        return self.tensor_const(t)
+
+    def ints(self, values: Any) -> str:
+        """A 1-D int64 constant (axes, shapes, starts, ...)."""
+        return self.tensor_const(torch.tensor([int(v) for v in values], dtype=torch.int64))
+
+    def scalar_int(self, value: int) -> str:
+        return self.tensor_const(torch.tensor(int(value), dtype=torch.int64))
+
+    # shared compositions -------------------------------------------------------------
+
+    def cast(self, name: str, src: torch.dtype, dst: torch.dtype) -> str:
+        if src == dst:
+            return name
+        return self.op("Cast", [name], to=onnx_type(dst))
+
+    def reshape(self, name: str, shape: tuple) -> str:
+        return self.op("Reshape", [name, self.ints(shape)])
+
+    def reduce(self, op_type: str, name: str, axes: list[int] | None, keepdims: bool) -> str:
+        """Reduce* over axes (None: all), axes as an input or attribute per opset."""
+        as_input = self.opset >= 18 or (op_type == "ReduceSum" and self.opset >= 13)
+        if axes is None:
+            return self.op(op_type, [name], keepdims=int(keepdims))
+        if as_input:
+            return self.op(op_type, [name, self.ints(axes)], keepdims=int(keepdims))
+        return self.op(op_type, [name], axes=list(axes), keepdims=int(keepdims))
+
+    def squeeze(self, name: str, axes: list[int]) -> str:
+        return self.op("Squeeze", [name, self.ints(axes)])
+
+    def unsqueeze(self, name: str, axes: list[int]) -> str:
+        return self.op("Unsqueeze", [name, self.ints(axes)])
+
+    def slice(self, name: str, starts: list[int], ends: list[int], axes: list[int],
+              steps: list[int] | None = None) -> str:
+        inputs = [name, self.ints(starts), self.ints(ends), self.ints(axes)]
+        if steps is not None:
+            inputs.append(self.ints(steps))
+        return self.op("Slice", inputs)
+
+
+def tensor_proto(t: torch.Tensor, name: str) -> Any:
+    """onnx.TensorProto of a CPU tensor (raw little-endian bytes, any dtype in the table)."""
+    from onnx import helper
+    t = t.detach().contiguous().cpu()
+    dims = list(t.shape)
+    if t.dtype == torch.bool:
+        raw = t.numpy().astype(np.bool_).tobytes()
+    elif t.dtype == torch.bfloat16:
+        raw = t.view(torch.int16).numpy().tobytes()
+    else:
+        raw = t.numpy().tobytes()
+    return helper.make_tensor(name, onnx_type(t.dtype), dims, raw, raw=True)
+
+
+class Value:
+    """An ONNX value of the graph with its eager example (dtype and shape)."""
+
+    __slots__ = ("name", "example", "const")
+
+    def __init__(self, name: str, example: torch.Tensor, const: bool = False) -> None:
+        self.name = name
+        self.example = example
+        self.const = const  # an initialiser: no part of it comes from the node's inputs
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.example.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.example.shape)
+
+    @property
+    def rank(self) -> int:
+        return self.example.dim()
+
+    def __repr__(self) -> str:
+        return f"Value({self.name}, {self.dtype}, {self.shape})"
+
+
+class Call:
+    """What a rule receives: the emitter, the call's arguments (fx values as Value,
+    lists and tuples of them, Python objects as they are) and eager's result."""
+
+    def __init__(self, emitter: Emitter, node: fx.Node, args: tuple, kwargs: dict,
+                 example_args: tuple, example_kwargs: dict, out: Any) -> None:
+        self.e = emitter
+        self.node = node
+        self.args = args
+        self.kwargs = kwargs
+        self.example_args = example_args
+        self.example_kwargs = example_kwargs
+        self.out = out
+        self.label = op_label(node)
+
+    @property
+    def opset(self) -> int:
+        return self.e.opset
+
+    def arg(self, index: int, name: str, default: Any = None) -> Any:
+        """Argument by position or keyword (the rule's view of torch's signature)."""
+        if index < len(self.args):
+            return self.args[index]
+        return self.kwargs.get(name, default)
+
+    def refuse(self, detail: str) -> NoRule:
+        return NoRule(self.label, detail)
+
+
+Rule = Callable[[Call], Any]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*keys: str) -> Callable[[Rule], Rule]:
+    """Register fn for the calls named keys (rule_key's spelling)."""
+    def register(fn: Rule) -> Rule:
+        for key in keys:
+            RULES[key] = fn
+        return fn
+    return register
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the module once and keeps each fx node's eager value."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module, garbage_collect_values=False)
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        self.values[n] = result
+        return result
+
+
+def _is_const_arg(obj: Any, consts: set) -> bool:
+    if isinstance(obj, fx.Node):
+        return obj in consts
+    if isinstance(obj, (tuple, list)):
+        return all(_is_const_arg(o, consts) for o in obj)
+    if isinstance(obj, dict):
+        return all(_is_const_arg(o, consts) for o in obj.values())
+    if isinstance(obj, slice):
+        return all(_is_const_arg(o, consts) for o in (obj.start, obj.stop, obj.step))
+    return True
+
+
+def _tensor_leaves(obj: Any) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensor_leaves(o)]
+    return []
+
+
+class Walk:
+    """One node's writing: values, constants, the emitter."""
+
+    def __init__(self, module: fx.GraphModule, example_inputs: list[torch.Tensor],
+                 input_names: list[str], output_names: list[str], opset: int,
+                 node_name: str) -> None:
+        self.module = module
+        self.example_inputs = example_inputs
+        self.input_names = input_names
+        self.output_names = output_names
+        self.opset = opset
+        self.node_name = node_name
+        self.e = Emitter(opset, set(input_names) | set(output_names))
+        self.env: dict[fx.Node, Any] = {}
+        self.consts: set[fx.Node] = set()
+        self.expected: dict[str, torch.Tensor] = {}
+
+    def _map(self, obj: Any) -> Any:
+        if isinstance(obj, fx.Node):
+            return self.env[obj]
+        if isinstance(obj, tuple):
+            return tuple(self._map(o) for o in obj)
+        if isinstance(obj, list):
+            return [self._map(o) for o in obj]
+        if isinstance(obj, dict):
+            return {k: self._map(v) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(self._map(obj.start), self._map(obj.stop), self._map(obj.step))
+        return obj
+
+    def _example(self, obj: Any, values: dict) -> Any:
+        if isinstance(obj, fx.Node):
+            return values[obj]
+        if isinstance(obj, tuple):
+            return tuple(self._example(o, values) for o in obj)
+        if isinstance(obj, list):
+            return [self._example(o, values) for o in obj]
+        if isinstance(obj, dict):
+            return {k: self._example(v, values) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(self._example(obj.start, values), self._example(obj.stop, values),
+                         self._example(obj.step, values))
+        return obj
+
+    def _const_value(self, value: Any, hint: str) -> Any:
+        """A folded value: tensors become initialisers (Value), others stay Python."""
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(f"a constant of dtype {value.dtype}")
+            return Value(self.e.tensor_const(value, hint), value, const=True)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._const_value(v, hint) for v in value)
+        return value
+
+    def _wrap(self, result: Any, example: Any, node: fx.Node) -> Any:
+        """The rule's name(s) paired with eager's example value(s)."""
+        if isinstance(example, torch.Tensor):
+            if isinstance(result, Value):
+                return result
+            if not isinstance(result, str):
+                raise WriterError(f"rule for {op_label(node)} returned {result!r}")
+            if example.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
+            self.expected[result] = example
+            return Value(result, example)
+        if isinstance(example, (tuple, list)):
+            if not isinstance(result, (tuple, list)) or len(result) != len(example):
+                raise WriterError(f"rule for {op_label(node)} returned {result!r}, eager gives "
+                                  f"{len(example)} values")
+            return [self._wrap(r, x, node) for r, x in zip(result, example)]
+        return result if result is not None else example
+
+    def run(self) -> Any:
+        from . import rules as _rules  # noqa: F401  (registers every rule)
+        graph = self.module.graph
+        recorder = _Recorder(self.module)
+        with torch.no_grad():
+            recorder.run(*self.example_inputs)
+        values = recorder.values
+        e = self.e
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(self.input_names):
+            raise WriterError(f"{len(placeholders)} placeholders for {len(self.input_names)} "
+                              f"inputs")
+        graph_inputs = []
+        kept_inputs = []
+        for n, name, example in zip(placeholders, self.input_names, self.example_inputs):
+            if example.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(f"an input of dtype {example.dtype}")
+            self.env[n] = Value(name, values[n])
+            if n.users:  # an input no output reads is left out, as torch's exporter does
+                graph_inputs.append(e.helper.make_tensor_value_info(
+                    name, onnx_type(example.dtype), list(example.shape)))
+                kept_inputs.append(name)
+        output_node = None
+        for n in graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                output_node = n
+                break
+            if n.op == "get_attr":
+                self.consts.add(n)
+                self.env[n] = self._const_value(values[n], "const")
+                continue
+            if n.op not in ("call_function", "call_method"):
+                raise NoRule(f"fx op {n.op}")
+            target = n.target
+            if n.op == "call_function" and target is operator.getitem \
+                    and isinstance(values.get(n.args[0]), (tuple, list)):
+                picked = self.env[n.args[0]]
+                if isinstance(picked, (tuple, list)):
+                    self.env[n] = picked[n.args[1]]
+                    if n.args[0] in self.consts:
+                        self.consts.add(n)
+                    continue
+            all_const = _is_const_arg(n.args, self.consts) and _is_const_arg(n.kwargs,
+                                                                              self.consts)
+            if all_const and not (n.op == "call_function" and _is_random(target)):
+                self.consts.add(n)
+                self.env[n] = self._const_value(values[n], "folded")
+                continue
+            key = rule_key(n)
+            fn = RULES.get(key)
+            if fn is None:
+                raise NoRule(op_label(n))
+            call = Call(e, n, self._map(n.args), self._map(n.kwargs),
+                        self._example(n.args, values), self._example(n.kwargs, values),
+                        values[n])
+            result = fn(call)
+            self.env[n] = self._wrap(result, values[n], n)
+        assert output_node is not None
+        results = output_node.args[0]
+        results = list(results) if isinstance(results, (tuple, list)) else [results]
+        if len(results) != len(self.output_names):
+            raise WriterError(f"{len(results)} results for {len(self.output_names)} outputs")
+        graph_outputs = []
+        renames: dict[str, str] = {}
+        claimed: set[str] = set(kept_inputs)
+        initializer_names = {t.name for t in e.initializers}
+        produced = {o for node in e.nodes for o in node.output}
+        for fx_value, name in zip(results, self.output_names):
+            value = self.env[fx_value] if isinstance(fx_value, fx.Node) else None
+            if not isinstance(value, Value):
+                raise NoRule(f"output '{name}' that is not a tensor")
+            source = renames.get(value.name, value.name)
+            if source in produced and source not in claimed and value.name not in renames \
+                    and source not in initializer_names:
+                renames[value.name] = name
+                claimed.add(name)
+            else:
+                e.nodes.append(e.helper.make_node("Identity", [source], [name]))
+            graph_outputs.append(e.helper.make_tensor_value_info(
+                name, onnx_type(value.dtype), list(value.shape)))
+        if renames:
+            for node in e.nodes:
+                node.input[:] = [renames.get(i, i) for i in node.input]
+                node.output[:] = [renames.get(o, o) for o in node.output]
+            self.expected = {renames.get(k, k): v for k, v in self.expected.items()}
+        nodes, initializers = _live(e.nodes, e.initializers, self.output_names)
+        graph = e.helper.make_graph(nodes, "main_graph", graph_inputs, graph_outputs,
+                                    initializers)
+        return graph
+
+
+def _live(nodes: list, initializers: list, outputs: list[str]) -> tuple[list, list]:
+    """The nodes the outputs need (in order) and the initialisers they read."""
+    needed = set(outputs)
+    keep = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    keep.reverse()
+    return keep, [t for t in initializers if t.name in needed]
+
+
+_SUPPORTED_DTYPES = frozenset({
+    torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool})
+
+
+def check_against_eager(model: Any, expected: dict[str, torch.Tensor], node: str) -> None:
+    """Every value a rule produced has, after strict shape inference, eager's dtype and
+    shape (WriterError otherwise)."""
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    infos = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for name, example in expected.items():
+        info = infos.get(name)
+        if info is None:
+            continue
+        tensor_type = info.type.tensor_type
+        want = onnx_type(example.dtype)
+        if tensor_type.elem_type != want:
+            raise WriterError(f"[{node}] value {name}: the writer gives ONNX type "
+                              f"{tensor_type.elem_type}, eager {example.dtype}")
+        if tensor_type.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None
+                    for d in tensor_type.shape.dim]
+            if None not in dims and tuple(dims) != tuple(example.shape):
+                raise WriterError(f"[{node}] value {name}: the writer gives shape {dims}, "
+                                  f"eager {tuple(example.shape)}")
