@@ -74,9 +74,10 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
         if name == "onnx-dynamo":
             proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
                                      params)
-        if name == "onnx-dynamo" and proto is None:
-            proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
-                                   params, context.verbose)
+        if name == "onnx-dynamo":
+            if proto is None:
+                proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
+                                       params, context.verbose)
         else:
             proto = _export_torchscript(module, inputs, input_names, output_names, opset,
                                         params, os.path.join(tmp, "model.onnx"),

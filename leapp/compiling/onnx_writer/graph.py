@@ -296,6 +296,12 @@ class Walk:
         self.output_names = output_names
         self.opset = opset
         self.node_name = node_name
+        shared = sorted(set(input_names) & set(output_names))
+        if shared or len(set(input_names)) != len(input_names) \
+                or len(set(output_names)) != len(output_names):
+            raise WriterError(f"[{node_name}] port names must be distinct across inputs and "
+                              f"outputs (shared: {shared}); name state ports <name>_in / "
+                              f"<name>_out as the onnx backend does")
         self.e = Emitter(opset, set(input_names) | set(output_names))
         self.env: dict[fx.Node, Any] = {}
         self.consts: set[fx.Node] = set()

@@ -124,7 +124,7 @@ def softsign(call: Call) -> str:
     return finish(call, call.e.op("Softsign", [x]), work)
 
 
-@rule("logsigmoid")
+@rule("logsigmoid", "log_sigmoid")
 def logsigmoid(call: Call) -> str:
     e = call.e
     x, work = _work(call)

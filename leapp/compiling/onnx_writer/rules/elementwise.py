@@ -18,8 +18,14 @@ def _binary(call: Call, op_type: str, a: object, b: object, **attrs: object) -> 
                                   **attrs), work)
 
 
+def _rounded(call: Call, x: object, work: torch.dtype) -> str:
+    """An operand of add / sub: eager rounds a Python number to the result type first
+    (float16 + 0.1 adds float16(0.1)); mul and div keep it in the computation type."""
+    return operand(call, x, work, call.out.dtype)
+
+
 def _scaled(call: Call, b: object, alpha: object, work: torch.dtype) -> str:
-    name = operand(call, b, work)
+    name = _rounded(call, b, work)
     if alpha is None or alpha == 1:
         return name
     return call.e.op("Mul", [name, operand(call, alpha, work)])
@@ -31,8 +37,8 @@ def add(call: Call) -> str:
     work = opmath(call.out.dtype)
     if work == torch.bool:
         return call.e.op("Or", [operand(call, a, work), operand(call, b, work)])
-    total = call.e.op("Add", [operand(call, a, work), _scaled(call, b, call.kwargs.get("alpha"),
-                                                              work)])
+    total = call.e.op("Add", [_rounded(call, a, work), _scaled(call, b, call.kwargs.get("alpha"),
+                                                               work)])
     return finish(call, total, work)
 
 
@@ -40,8 +46,8 @@ def add(call: Call) -> str:
 def sub(call: Call) -> str:
     a, b = call.args[0], call.arg(1, "other")
     work = opmath(call.out.dtype)
-    diff = call.e.op("Sub", [operand(call, a, work), _scaled(call, b, call.kwargs.get("alpha"),
-                                                             work)])
+    diff = call.e.op("Sub", [_rounded(call, a, work), _scaled(call, b, call.kwargs.get("alpha"),
+                                                              work)])
     return finish(call, diff, work)
 
 
@@ -49,8 +55,8 @@ def sub(call: Call) -> str:
 def rsub(call: Call) -> str:
     a, b = call.args[0], call.arg(1, "other")
     work = opmath(call.out.dtype)
-    diff = call.e.op("Sub", [operand(call, b, work), _scaled(call, a, call.kwargs.get("alpha"),
-                                                             work)])
+    diff = call.e.op("Sub", [_rounded(call, b, work), _scaled(call, a, call.kwargs.get("alpha"),
+                                                              work)])
     return finish(call, diff, work)
 
 
@@ -291,21 +297,23 @@ def sign(call: Call) -> object:
 
 @rule("atan2", "arctan2")
 def atan2(call: Call) -> str:
-    """atan(y / x) moved to the right quadrant; x = 0 gives ±π/2, (0, 0) gives 0."""
+    """atan(y / x) moved to the right quadrant, with eager's signed zeros: the sign of
+    a zero is read as the sign of its reciprocal (1 / -0 = -inf)."""
     e = call.e
     work = opmath(call.out.dtype)
     y = operand(call, call.args[0], work)
     x = operand(call, call.arg(1, "other"), work)
     zero = e.const(0, work)
-    base = e.op("Atan", [e.op("Div", [y, x])])
     pi = e.const(math.pi, work)
-    x_neg = e.op("Less", [x, zero])
-    y_neg = e.op("Less", [y, zero])
+    base = e.op("Atan", [e.op("Div", [y, x])])
+    y_neg = e.op("Less", [e.op("Reciprocal", [y]), zero])
+    x_neg = e.op("Less", [e.op("Reciprocal", [x]), zero])
     shifted = e.op("Where", [y_neg, e.op("Sub", [base, pi]), e.op("Add", [base, pi])])
-    result = e.op("Where", [x_neg, shifted, base])
-    half = e.op("Where", [y_neg, e.const(-math.pi / 2, work), e.const(math.pi / 2, work)])
-    on_axis = e.op("Where", [e.op("Equal", [y, zero]), zero, half])
-    result = e.op("Where", [e.op("Equal", [x, zero]), on_axis, result])
+    off_axis = e.op("Where", [e.op("Less", [x, zero]), shifted, base])
+    origin = e.op("Where", [x_neg, e.op("Where", [y_neg, e.op("Neg", [pi]), pi]), y])
+    vertical = e.op("Where", [y_neg, e.const(-math.pi / 2, work), e.const(math.pi / 2, work)])
+    on_axis = e.op("Where", [e.op("Equal", [y, zero]), origin, vertical])
+    result = e.op("Where", [e.op("Equal", [x, zero]), on_axis, off_axis])
     return finish(call, result, work)
 
 

@@ -128,7 +128,7 @@ def repeat(call: Call) -> str:
 @rule("flip")
 def flip(call: Call) -> str:
     x = call.args[0]
-    dims = call.arg(1, "dims")
+    dims = list(call.args[1:]) if len(call.args) > 2 else call.arg(1, "dims")
     dims = [dims] if isinstance(dims, int) else list(dims)
     axes = sorted({norm_dim(int(d), x.rank) for d in dims})
     if not axes:
