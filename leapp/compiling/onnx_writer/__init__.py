@@ -6,8 +6,8 @@ writer has no rule for (the backend then sends that node through torch's
 exporter and says so).  `LEAPP_ONNX_WRITER=torch` in the environment turns the
 writer off: every ONNX node goes through torch's exporter.
 
-Modules: `graph` (the walk, the emitter, the model check), `rules` (the op rules,
-one module per family).
+Modules: `emit` (the emitter, values, the rule registry), `graph` (the walk and the
+model check), `rules` (the op rules, one module per family).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from .graph import NoRule, WriterError, check_against_eager, Walk
+from .emit import NoRule, WriterError
+from .graph import Walk, check_against_eager
 
 __all__ = ["NoRule", "WriterError", "ENV", "enabled", "write_model", "MIN_OPSET",
            "MAX_OPSET"]

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..graph import Call, rule
+from ..emit import Call, rule
 from .common import finish, norm_dim, operand, opmath, unary
 
 

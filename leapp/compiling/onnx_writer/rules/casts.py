@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import operand, opmath
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..graph import Call, Value
+from ..emit import Call, Value
 
 #: The type eager computes in: reduced floats in float32 (each op rounds its result
 #: back), small integers in int32 (results wrap back on the cast).

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import dtype_of, finish, is_value, operand, opmath, unary
 
 

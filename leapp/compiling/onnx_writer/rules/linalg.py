@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import finish, norm_dim, operand, opmath
 from .reductions import vector_norm
 

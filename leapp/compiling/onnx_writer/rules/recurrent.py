@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import finish, operand, opmath
 
 _ORDER = {"GRU": (1, 0, 2), "LSTM": (0, 3, 1, 2), "RNN": (0,)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import dims_arg, finish, norm_dim, operand, opmath
 
 

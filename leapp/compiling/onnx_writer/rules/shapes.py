@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..graph import Call, Value, rule
+from ..emit import Call, Value, rule
 from .common import norm_dim, operand
 
 _BIG = 2 ** 63 - 1
