@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from ...bundle.dtypes import onnx_type
 from . import rules as _rules  # noqa: F401  (importing the families registers every rule)
-from .emit import RULES, Call, NoRule, Value, WriterError, is_random, op_label, rule_key
+from .emit import RULES, Call, Emitter, NoRule, Value, WriterError, is_random, op_label, rule_key
 
 
 class _Recorder(fx.Interpreter):
