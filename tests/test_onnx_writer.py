@@ -441,6 +441,11 @@ SHAPES = {
                                    "scatter_add": x.scatter_add(1, k.view(3, 1), x[:, 1:2]),
                                    "tril": x.tril(), "triu": torch.triu(x, 1)},
                      [f(3, 4), idx(4, 3)]),
+    "pad": (lambda x: {"constant": F.pad(x, (1, 2)), "value": F.pad(x, (0, 1, 2, 0), value=-1.5),
+                       "reflect": F.pad(x[0], (2, 1), mode="reflect"),
+                       "replicate": F.pad(x, (1, 1, 1, 0), mode="replicate"),
+                       "circular": F.pad(x, (1, 2, 0, 1), mode="circular"),
+                       "crop": F.pad(x, (-1, 1))}, [f(1, 3, 4, 5)]),
 }
 
 
@@ -684,6 +689,18 @@ def test_op_catalogue_through_the_writer(tmp_path):
     for group, (inputs, fn) in GROUPS.items():
         specs = [Spec(tuple(t.shape), t.dtype) for t in inputs]
         check_case(tmp_path / group, fn, specs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", ["arith", "shapes", "index", "functional"])
+def test_backend_catalogue_through_the_writer(tmp_path, group):
+    """tests/test_backends.py's catalogue (run there through every backend)."""
+    import test_backends
+    ops, _ = test_backends.GROUPS[group]
+    raw = test_backends._group_inputs(group)
+    specs = [idx(2, *t.shape) if name == "i" else Spec(tuple(t.shape), t.dtype)
+             for name, t in raw.items()]
+    check_case(tmp_path, lambda *a: {op: fn(*a) for op, fn in ops.items()}, specs, rtol=1e-4,
+               atol=1e-5)
 
 
 # ---------------------------------------------------------------------------

@@ -540,3 +540,26 @@ def _traced_parts(key: Any) -> bool:
         if isinstance(item, Value) and not item.const:
             return True
     return False
+
+
+@rule("pad")
+def pad(call: Call) -> str:
+    """F.pad: torch's pairs run from the last dim backwards; ONNX wants all begins,
+    then all ends.  replicate is ONNX's edge, circular its wrap (opset 19)."""
+    e = call.e
+    x = call.args[0]
+    widths = [int(v) for v in call.arg(1, "pad")]
+    mode = call.arg(2, "mode", "constant")
+    value = call.arg(3, "value", None)
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+                 "circular": "wrap"}.get(mode)
+    if onnx_mode is None or (onnx_mode == "wrap" and call.opset < 19):
+        raise call.refuse(f"mode={mode!r} at opset {call.opset}")
+    begins, ends = [0] * x.rank, [0] * x.rank
+    for k in range(len(widths) // 2):
+        axis = x.rank - 1 - k
+        begins[axis], ends[axis] = widths[2 * k], widths[2 * k + 1]
+    inputs = [x.name, e.ints(begins + ends)]
+    if onnx_mode == "constant":
+        inputs.append(operand(call, 0.0 if value is None else value, x.dtype))
+    return e.op("Pad", inputs, mode=onnx_mode)
