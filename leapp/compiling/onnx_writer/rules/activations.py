@@ -209,3 +209,26 @@ def dropout(call: Call) -> object:
     if call.kwargs.get("training", call.args[2] if len(call.args) > 2 else False):
         raise call.refuse("dropout in training mode")
     return call.args[0]
+
+
+rule("special_expit", "expit")(sigmoid)
+
+
+@rule("glu")
+def glu(call: Call) -> str:
+    e = call.e
+    x, work = _work(call)
+    axis = norm_dim(int(call.arg(1, "dim", -1)), call.args[0].rank)
+    half = call.args[0].shape[axis] // 2
+    a, b = e.op("Split", [x, e.ints([half, half])], outputs=2, axis=axis)
+    return finish(call, e.op("Mul", [a, e.op("Sigmoid", [b])]), work)
+
+
+@rule("one_hot")
+def one_hot(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    classes = int(call.out.shape[-1])
+    index = e.unsqueeze(e.cast(x.name, x.dtype, torch.int64), [x.rank])
+    hits = e.op("Equal", [index, e.tensor_const(torch.arange(classes))])
+    return e.cast(hits, torch.bool, call.out.dtype)

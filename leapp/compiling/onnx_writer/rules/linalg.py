@@ -386,3 +386,41 @@ def embedding(call: Call) -> str:
     idx = e.cast(index.name, index.dtype, torch.int64)
     return e.op("Gather", [weight.name if isinstance(weight, Value) else
                            e.tensor_const(weight), idx], axis=0)
+
+
+@rule("scaled_dot_product_attention")
+def scaled_dot_product_attention(call: Call) -> str:
+    """softmax(q·kᵀ·scale + mask)·v, the causal mask as a constant; no dropout."""
+    e = call.e
+    work = _float_work(call)
+    q, k, v = call.args[0], call.arg(1, "key"), call.arg(2, "value")
+    mask = call.arg(3, "attn_mask")
+    if float(call.arg(4, "dropout_p", 0.0)) != 0.0:
+        raise call.refuse("attention dropout")
+    causal = bool(call.arg(5, "is_causal", False))
+    scale = call.kwargs.get("scale")
+    if call.kwargs.get("enable_gqa"):
+        raise call.refuse("grouped-query attention")
+    d = q.shape[-1]
+    scale = 1.0 / (d ** 0.5) if scale is None else float(scale)
+    qv, kv, vv = (operand(call, t, work) for t in (q, k, v))
+    perm = list(range(k.rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = e.op("Mul", [e.op("MatMul", [qv, e.op("Transpose", [kv], perm=perm)]),
+                          e.const(scale, work)])
+    length, source = q.shape[-2], k.shape[-2]
+    if causal:
+        allowed = torch.ones(length, source, dtype=torch.bool).tril()
+        bias = torch.zeros(length, source, dtype=work).masked_fill(~allowed, float("-inf"))
+        scores = e.op("Add", [scores, e.tensor_const(bias)])
+    if mask is not None:
+        if isinstance(mask, Value) and mask.dtype == torch.bool:
+            scores = e.op("Where", [mask.name, scores, e.const(float("-inf"), work)])
+        else:
+            scores = e.op("Add", [scores, operand(call, mask, work)])
+    weights = e.op("Softmax", [scores], axis=-1)
+    if causal or mask is not None:  # a row with every key masked gives zeros, as eager
+        top = e.reduce("ReduceMax", scores, [q.rank - 1], True)
+        empty = e.op("Equal", [top, e.const(float("-inf"), work)])
+        weights = e.op("Where", [empty, e.const(0.0, work), weights])
+    return finish(call, e.op("MatMul", [weights, vv]), work)

@@ -244,3 +244,40 @@ def argsort(call: Call) -> str:
     dim = norm_dim(int(call.arg(1, "dim", -1)), x.rank)
     descending = bool(call.arg(2, "descending", False))
     return _topk(call, x, x.shape[dim], dim, descending)[1]
+
+
+@rule("var_mean", "std_mean")
+def var_mean(call: Call) -> list[str]:
+    value, work = _variance(call)
+    if rule_name_of(call) == "std_mean":
+        value = call.e.op("Sqrt", [value])
+    x = call.args[0]
+    dim = call.arg(1, "dim")
+    axes = dims_arg(None if isinstance(dim, bool) else dim, x.rank)
+    keep = bool(call.kwargs.get("keepdim", False))
+    mean = call.e.reduce("ReduceMean", operand(call, x, work), axes, keep)
+    dtype = call.out[0].dtype
+    return [call.e.cast(value, work, dtype), call.e.cast(mean, work, dtype)]
+
+
+def rule_name_of(call: Call) -> str:
+    target = call.node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+@rule("norm")
+def norm(call: Call) -> str:
+    """torch.linalg.norm: vector norms over one dim; over two dims (or all) only the
+    Frobenius norm (ord=None or 'fro'), which is the 2-norm of the elements."""
+    x = call.args[0]
+    order = call.arg(1, "ord")
+    dim = call.arg(2, "dim")
+    keep = bool(call.arg(3, "keepdim", False))
+    axes = dims_arg(dim, x.rank)
+    work = opmath(call.out.dtype)
+    matrix = (axes is None and x.rank == 2 and order is not None) or \
+        (axes is not None and len(axes) == 2)
+    if matrix and order not in (None, "fro"):
+        raise call.refuse(f"matrix norm ord={order!r}")
+    p = 2.0 if order in (None, "fro") else float(order)
+    return finish(call, vector_norm(call, x, p, axes, keep, work), work)
