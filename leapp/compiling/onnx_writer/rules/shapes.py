@@ -103,7 +103,7 @@ def movedim(call: Call) -> str:
 
 
 @rule("contiguous", "clone", "detach", "alias", "cpu", "requires_grad_", "detach_",
-      "resolve_conj", "resolve_neg", "lift_fresh", "float_power_", "data")
+      "resolve_conj", "resolve_neg", "lift_fresh")
 def identity(call: Call) -> Any:
     x = call.args[0]
     if not isinstance(x, Value):
@@ -279,18 +279,20 @@ def index_select(call: Call) -> str:
     return call.e.op("Gather", [x.name, _index(call, index)], axis=dim)
 
 
-@rule("gather", "take_along_dim")
+@rule("gather")
 def gather(call: Call) -> str:
     x = call.args[0]
-    dim = call.arg(1, "dim")
-    index = call.arg(2, "index")
-    if call.node.target is not None and str(getattr(call.node.target, "__name__", "")) == \
-            "take_along_dim" or call.node.target == "take_along_dim":
-        index, dim = call.arg(1, "indices"), call.arg(2, "dim")
-        if dim is None or tuple(index.shape) != tuple(call.out.shape):
-            raise call.refuse("take_along_dim with broadcasting")
-    if call.kwargs.get("sparse_grad"):
-        pass
+    dim, index = call.arg(1, "dim"), call.arg(2, "index")
+    return call.e.op("GatherElements", [x.name, _index(call, index)],
+                     axis=norm_dim(int(dim), x.rank))
+
+
+@rule("take_along_dim")
+def take_along_dim(call: Call) -> str:
+    x = call.args[0]
+    index, dim = call.arg(1, "indices"), call.arg(2, "dim")
+    if dim is None or tuple(index.shape) != tuple(call.out.shape) or index.rank != x.rank:
+        raise call.refuse("take_along_dim with broadcasting or without dim")
     return call.e.op("GatherElements", [x.name, _index(call, index)],
                      axis=norm_dim(int(dim), x.rank))
 
