@@ -799,21 +799,25 @@ def _yaml_without_digests(bundle: str) -> str:
 
 
 def test_env_forces_torch_exporter_with_the_same_yaml(tmp_path, monkeypatch):
+    """LEAPP_ONNX_WRITER=torch: torch's exporter, the same YAML (digests aside) and model
+    interface; compiled into the same bundle, the writer's file is not reused."""
     inputs = [torch.randn(1, 40), torch.randn(1, 3, 16)]
-    ours, log = _compile(tmp_path / "writer", _policy, inputs, "onnx")
+    bundle, log = _compile(tmp_path, _policy, inputs, "onnx")
     assert FALLBACK not in log
+    ours_yaml = _yaml_without_digests(bundle)
+    ours = onnx.load(os.path.join(bundle, "node.onnx"))
+    assert ours.producer_name == "leapp"
     monkeypatch.setenv(onnx_writer.ENV, "torch")
-    theirs, log = _compile(tmp_path / "torch", _policy, inputs, "onnx")
+    bundle, log = _compile(tmp_path, _policy, inputs, "onnx")
     assert FALLBACK not in log  # chosen, not a fallback
-    assert onnx.load(os.path.join(theirs, "node.onnx")).producer_name == "pytorch"
-    assert _yaml_without_digests(ours) == _yaml_without_digests(theirs)
-    a = onnx.load(os.path.join(ours, "node.onnx"))
-    c = onnx.load(os.path.join(theirs, "node.onnx"))
-    assert [(v.name, v.type) for v in a.graph.input] == [(v.name, v.type) for v in c.graph.input]
-    assert [(v.name, v.type) for v in a.graph.output] == [(v.name, v.type)
-                                                          for v in c.graph.output]
-    assert [(o.domain, o.version) for o in a.opset_import] == \
-        [(o.domain, o.version) for o in c.opset_import]
+    assert "reused" not in " ".join(line for line in log.splitlines() if "1/1 node" in line)
+    theirs = onnx.load(os.path.join(bundle, "node.onnx"))
+    assert theirs.producer_name == "pytorch"
+    assert _yaml_without_digests(bundle) == ours_yaml
+    for a, c in ((ours.graph.input, theirs.graph.input), (ours.graph.output, theirs.graph.output)):
+        assert [(v.name, v.type) for v in a] == [(v.name, v.type) for v in c]
+    assert [(o.domain, o.version) for o in ours.opset_import] == \
+        [(o.domain, o.version) for o in theirs.opset_import]
 
 
 # ---------------------------------------------------------------------------
