@@ -784,6 +784,31 @@ def test_onnx_backends_use_the_writer(tmp_path, export_with):
         torch.testing.assert_close(torch.from_numpy(value), expected, rtol=1e-5, atol=1e-6)
 
 
+_NO_EXPORTER = """
+import sys, tempfile, torch, leapp
+from leapp import annotate
+leapp.start(name="g", save_path=tempfile.mkdtemp())
+x = annotate.input_tensors("node", {"x": torch.randn(1, 4)})
+annotate.output_tensors("node", {"y": torch.tanh(x) * 2}, export_with="onnx-dynamo")
+leapp.stop()
+assert leapp.compile_graph(visualize=False) == {"node": True}
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("onnxscript", "onnx_ir")
+             or m.startswith("torch.onnx")))
+"""
+
+
+def test_a_written_node_imports_no_torch_exporter(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]), TQDM_DISABLE="1")
+    env.pop(onnx_writer.ENV, None)
+    done = subprocess.run([sys.executable, "-c", _NO_EXPORTER], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_fallback_is_named_in_log_and_summary(tmp_path, caplog):
     bundle, log = _compile(tmp_path, lambda x, y: {"y": torch.logaddexp(x, y) * 2},
                            [torch.randn(2, 3), torch.randn(2, 3)], "onnx-dynamo")

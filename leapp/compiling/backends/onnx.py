@@ -33,7 +33,23 @@ EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
 
 
 def default_opset() -> int:
-    """The opset torch exports by default (and that the YAML records)."""
+    """The opset torch exports by default (and that the YAML records).
+
+    Read from torch/onnx/_constants.py's text when torch.onnx is not imported yet:
+    importing it loads part of torch's exporter, which a node the ONNX writer
+    writes never needs."""
+    import sys
+    if "torch.onnx" not in sys.modules:
+        import re
+        path = os.path.join(os.path.dirname(torch.__file__), "onnx", "_constants.py")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = re.search(r"^ONNX_DEFAULT_OPSET\s*=\s*(\d+)\s*$", handle.read(),
+                                  re.MULTILINE)
+        except OSError:
+            found = None
+        if found is not None:
+            return int(found.group(1))
     from torch.onnx import _constants
     return int(_constants.ONNX_DEFAULT_OPSET)
 
