@@ -732,6 +732,13 @@ def test_a_call_without_a_rule_is_named(tmp_path):
         write_node(node)
 
 
+def test_float64_without_an_onnxruntime_kernel_is_refused(tmp_path):
+    """onnxruntime has no float64 Elu: refused (a fallback), not a model that fails to load."""
+    node = trace_node(tmp_path, lambda x: {"y": F.elu(x.double())}, [torch.randn(3)])
+    with pytest.raises(onnx_writer.NoRule, match="Elu on float64"):
+        write_node(node)
+
+
 def test_a_traced_boolean_mask_is_refused(tmp_path):
     node = trace_node(tmp_path, lambda x, k: {"y": x[:, k > 0]},
                       [torch.randn(2, 3), torch.tensor([1, -1, 1])])
