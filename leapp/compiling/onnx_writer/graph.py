@@ -240,7 +240,7 @@ _SUPPORTED_DTYPES = frozenset({
 NO_FLOAT64_KERNEL = frozenset({
     "Elu", "Selu", "Celu", "LeakyRelu", "Gelu", "Softplus", "Softsign", "HardSigmoid",
     "HardSwish", "Mish", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
-    "Atanh", "Erf"})
+    "Atanh", "Erf", "Conv", "ConvTranspose", "AveragePool", "PRelu", "Resize"})
 
 
 def _check_kernels(model: Any, infos: dict) -> None:
