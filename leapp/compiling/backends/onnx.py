@@ -86,11 +86,9 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     opset = default_opset() if opset is None else int(opset)
     fallback = None
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
-        proto = None
         if name == "onnx-dynamo":
             proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
                                      params)
-        if name == "onnx-dynamo":
             if proto is None:
                 proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
                                        params, context.verbose)
