@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
+.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	# tritonserver for tests/test_triton.py: only the binary is used, so the wheel's
 	# Python requirements (numpy<2 among them) are not installed
 	$(PIP) install -c constraints.txt --no-deps nvidia-pytriton==0.7.0
+	# rl-games for tests/test_client_exports.py: its psutil<6 pin clashes with ipython's
+	# psutil>=7 and it never imports psutil; its other requirements are in the test extra
+	$(PIP) install -c constraints.txt --no-deps rl-games==1.6.5
 	@mkdir -p build && touch $(STAMP) $(CORE_STAMP)
 
 build: setup $(CORE_STAMP)
@@ -32,6 +35,15 @@ build: setup $(CORE_STAMP)
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	@mkdir -p build && touch $@
+
+# The GPU run (tests/device/run.py, README's maintainer section): on a machine with an
+# NVIDIA GPU and its own Python and CUDA torch, build the C core there (libyaml carried
+# in tests/device/vendor/ where the machine lacks it), run the GPU tests, export the
+# device pipelines with ours and upstream 0.7.2 (its wheel carried too) and compare;
+# the report goes to $(DEVICE_OUT)/device-report.md.  Needs no venv and no network.
+DEVICE_OUT ?= build/device
+test-device:
+	tests/device/run.sh --out $(DEVICE_OUT)
 
 # The compatibility matrix (tests/matrix.py): the subset of the suite that covers
 # tracing, every backend, InferenceManager, fuse, the examples and rsl-rl-lib, run
@@ -50,10 +62,13 @@ debug: setup
 	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
 	@rm -f $(CORE_STAMP)
 
-# The whole suite on the debug core, then the release core back.
+# The whole suite on the debug core, then the release core back
+# (LEAPP_EXPECT_ASSERTS=1: tests/conftest.py stops the run if the core it
+# imports has no asserts).
 test-debug: setup
 	LEAPP_DEBUG_BUILD=1 $(PY) setup.py -q build_ext --inplace --force
-	$(PY) -m pytest -q -p no:warnings tests; status=$$?; \
+	$(PY) -c "from leapp import _core; assert _core.ASSERTS, 'not the debug core'" \
+	&& LEAPP_EXPECT_ASSERTS=1 $(PY) -m pytest -q -p no:warnings tests; status=$$?; \
 	$(PY) setup.py -q build_ext --inplace --force; exit $$status
 
 demo: build
@@ -62,7 +77,8 @@ demo: build
 test: build
 	$(PY) -m pytest -q -p no:warnings tests
 
-# ASan + UBSan build of the core, then two runs under the sanitizers:
+# ASan + UBSan build of the core, with assert() on (the invariants csrc/ states
+# are checked on every path the suite drives), then two runs under the sanitizers:
 # 1. leak-checked: tests/c, tests/test_leaks.py (the hot paths repeated in fresh
 #    interpreters, which inherit the settings) and tests/test_lsan.py, with
 #    LeakSanitizer on (detect_leaks=1) and PYTHONMALLOC=malloc, so that memory
@@ -80,7 +96,7 @@ test: build
 # LEAPP_SANITIZED=1 tells the tests that measure RSS that ASan's quarantine
 # holds freed memory.  The normal build is restored after.
 SANITIZER_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)
-SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" LEAPP_SANITIZED=1
+SANITIZER_ENV = LD_PRELOAD="$(SANITIZER_PRELOAD)" LEAPP_SANITIZED=1 LEAPP_EXPECT_ASSERTS=1
 LEAK_CHECKED_ENV = $(SANITIZER_ENV) ASAN_OPTIONS=detect_leaks=1 PYTHONMALLOC=malloc \
 	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0
 LEAK_CHECKED_TESTS = tests/c tests/test_leaks.py tests/test_lsan.py

@@ -3,7 +3,9 @@
 Environment:
   LEAPP_DEV_BUILD=1           warnings are errors (-Werror): the Makefile and CI set it;
                               users' builds (pip install) warn and go on.
-  LEAPP_SANITIZE=1            ASan + UBSan build (make test-asan).
+  LEAPP_SANITIZE=1            ASan + UBSan build with assert() on and signed overflow
+                              checked (make test-asan): CI checks the invariants csrc/
+                              states under the sanitizers.
   LEAPP_DEBUG_BUILD=1         -O0 -g3 with assert() on: the invariants csrc/ states are
                               checked at run time (make debug); release builds drop them.
   LEAPP_YAML_INCLUDE_DIRS     where yaml.h lies when it is not on the compiler's path
@@ -75,8 +77,10 @@ if os.environ.get("LEAPP_DEV_BUILD") == "1":
     extra_compile.append("-Werror")
 extra_link = []
 if os.environ.get("LEAPP_SANITIZE") == "1":
+    # -fno-wrapv: CPython's flags bring -fwrapv, under which UBSan does not check
+    # signed overflow; the core must not rely on wrapping.
     extra_compile += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-                      "-fno-sanitize-recover=undefined"]
+                      "-fno-sanitize-recover=undefined", "-UNDEBUG", "-fno-wrapv"]
     extra_link += ["-fsanitize=address,undefined"]
 
 setup(

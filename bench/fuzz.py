@@ -10,7 +10,8 @@ under upstream leapp 0.7.2, compared.
 Each program is a standalone Python script built from the public API only
 (``python prog.py OUT`` runs it as-is under either package): one to four
 nodes, each ``input_tensors``/``output_tensors`` (flat dicts, dicts of dicts,
-lists of ``TensorSemantics``; declared state; static outputs) or
+lists of ``TensorSemantics``; declared state, updated before or after the node's
+``output_tensors``, in its next call, or never; static outputs) or
 ``@annotate.method`` (positional, keyword, skipped and shared tensor
 defaults, ``*args``, ``**kwargs``, bound methods, ``torch.no_grad()``
 wrappers), whose bodies are groups of ops of tests/op_catalogue.py (its source
@@ -72,6 +73,24 @@ BACKEND_WEIGHTS = [6, 2, 4, 1, 1, 3, 1, 1]
 CALL_SHAPES = ["positional", "keyword", "default_skipped", "keyword_skips_default",
                "shared_default", "varargs", "kwargs", "bound", "no_grad"]
 PAYLOADS = ["dict", "nested", "semantics"]
+# Where a node's declared state `h` gets its update_state, relative to the node's
+# own annotations (each pass: input_tensors, state_tensors, output_tensors):
+#   before_output  in the call, before output_tensors (the usual order);
+#   after_output   in the same pass, after output_tensors (the value computed
+#                  before it, or an op on the node's values after it);
+#   next_call      in the node's next call, after its input_tensors and before
+#                  its state_tensors (an export loop that binds the state after
+#                  the environment step); the last pass leaves it unbound;
+#   never          declared, never updated.
+# A late update (after_output, next_call) binds one of STATE_SOURCES:
+#   direct         h_new, computed in the call before output_tensors;
+#   tail_op        an op on h_new after output_tensors (the node's tail);
+#   from_output    an op on the node's published output after output_tensors.
+# Drawn from a stream of its own, so the rest of a program is what it was
+# before the orders existed.
+STATE_ORDERS = ["before_output", "after_output", "next_call", "never"]
+STATE_ORDER_WEIGHTS = [4, 2, 2, 1]
+STATE_SOURCES = ["direct", "tail_op", "from_output"]
 
 
 # --------------------------------------------------------------------------
@@ -106,14 +125,14 @@ FIXED: list[dict] = [
 
 # ---- DEPARTURES: deliberate, documented in docs/compatibility.md --------
 DEPARTURES: list[dict] = [
-    {"id": "upstream-validation-self-feedback", "program": "s7_0023", "check": "outcome",
+    {"id": "upstream-validation-self-feedback", "program": "s1_0049", "check": "outcome",
      "pattern": r"ours ok, upstream Exception.*Model validation failed",
      "reason": "in-place indexing writes (x[idx] = v) exported through the TorchScript ONNX "
                "exporter: upstream's model has a ScatterND whose updates do not match its "
                "indices, so onnxruntime refuses it and upstream's own validation fails; "
                "ours records the functional write and validates (docs/compatibility.md, "
                "'Where upstream fails')"},
-    {"id": "jit-script-python-operators", "program": "s120_0005", "check": "outcome",
+    {"id": "jit-script-python-operators", "program": "s1_0136", "check": "outcome",
      "pattern": r"ours ok, upstream RuntimeError.*Error compiling model.*"
                 r"(has no attribute or method '\w+'|Arguments for call are not valid)",
      "reason": "upstream records some ops in a form torch.jit.script rejects (x // 0.5 "
@@ -127,6 +146,36 @@ DEPARTURES: list[dict] = [
                "error of its own that upstream never reaches (torch's view error on the "
                "non-contiguous x.mT, the same value declared twice, which upstream refuses "
                "too): docs/compatibility.md, 'Where upstream fails'"},
+    {"id": "late-state-update-is-feedback", "program": "s1_0002", "check": "outcome",
+     "feature": "state",
+     "pattern": r"ours ok, upstream (Runtime)?Exception.*upstream: Error: Reentering \w+ "
+                r"with new i/o \w+ but failed to find it",
+     "reason": "declared state whose update_state comes after the node's output_tensors, "
+               "or in its next call before its state_tensors (an export loop that masks "
+               "the LSTM state after the environment step): upstream refuses it when the "
+               "node is entered again; ours exports the state as feedback, the update "
+               "traced in the node's tail (docs/compatibility.md, 'Declared state "
+               "updated late')"},
+    {"id": "late-state-update-untied-refused", "program": "s1_0028", "check": "message",
+     "feature": "state",
+     "pattern": r"upstream: Error: Reentering \w+ with new i/o \w+ but failed to find it"
+                r".*\nours: Error: update_state for state '\w+' of node '\w+' at \S+ "
+                r"comes after the node's output_tensors",
+     "reason": "a late update_state (after output_tensors, or in the node's next call) "
+               "whose value is not one of the node's traced values (here an op on the "
+               "node's published output, made after its output_tensors): both refuse; "
+               "upstream when the node is entered again, with its reentry message, ours "
+               "at update_state, naming the state, the node, the line and the fix "
+               "(docs/compatibility.md, 'Declared state updated late')"},
+    {"id": "late-state-update-then-own-error", "program": "s1_0010", "check": "message",
+     "feature": "state",
+     "pattern": r"upstream: Error: Reentering \w+ with new i/o \w+ but failed to find it"
+                r".*\nours: (?!Error: update_state for state)",
+     "reason": "upstream refuses the late update_state when the node is entered again; "
+               "ours accepts it (the state is feedback), and the program goes on to an "
+               "error of its own that upstream never reaches (a value fed twice to one "
+               "node, refused by both packages without the late update): "
+               "docs/compatibility.md, 'Declared state updated late'"},
     {"id": "tensor-mT-property", "program": "s7_0092", "check": "outcome",
      "pattern": r"ours ok, upstream AttributeError.*'method-wrapper' object has no "
                 r"attribute '__module__'",
@@ -224,6 +273,8 @@ class Node:
             self.payload = self.out_payload = None
             self.state = self.static = False
             self.call = rng.choice(CALL_SHAPES)
+        self.state_order = None  # set by generate() for a node with state
+        self.state_source = None  # what a late update binds (STATE_SOURCES)
 
     def features(self):
         f = ["backend:" + self.backend, "group:" + self.group]
@@ -231,7 +282,9 @@ class Node:
         if self.kind == "io":
             f += ["payload:" + self.payload, "out_payload:" + self.out_payload]
             if self.state:
-                f.append("state")
+                f += ["state", "state_order:" + self.state_order]
+                if self.state_source:
+                    f.append("state_source:" + self.state_source)
             if self.static:
                 f.append("static_outputs")
         else:
@@ -275,10 +328,18 @@ def _io_node(node):
                    "kind=InputKindEnum.JOINT_POSITION), TensorSemantics(name='b', ref=%s)])"
                    % (n, *srcs))
     out += _body(node, "a", "b", 4)
+    order = node.state_order if node.state else None
+    pending = "%s:h" % n  # next_call: the update waits in `carry` for the next pass
+    if order == "next_call":
+        out.append("    if %r in carry:" % pending)
+        out.append("        annotate.update_state(%r, {'h': carry[%r]})" % (n, pending))
     if node.state:
         out.append("    h = annotate.state_tensors(%r, {'h': torch.zeros(2, 3, 4)})" % n)
         out.append("    main = main + 0.5 * h")
+    if order == "before_output":
         out.append("    annotate.update_state(%r, {'h': main * 0.9})" % n)
+    elif order in ("after_output", "next_call"):
+        out.append("    h_new = main * 0.9")
     names = ["main"] + ["x%d" % i for i in range(len(node.extras))]
     kw = "export_with=%r" % node.backend
     if node.static:
@@ -296,6 +357,12 @@ def _io_node(node):
         items += ["TensorSemantics(name=%r, ref=%s)" % (k, k) for k in names[1:]]
         out.append("    annotate.output_tensors(%r, [%s], %s)" % (n, ", ".join(items), kw))
         out.append("    outs[%r] = main" % n)
+    late = {"direct": "h_new", "tail_op": "h_new * 0.5",
+            "from_output": "main * 0.9"}.get(node.state_source or "")
+    if order == "after_output":
+        out.append("    annotate.update_state(%r, {'h': %s})" % (n, late))
+    elif order == "next_call":
+        out.append("    outs[%r] = %s" % (pending, late))
     return [], out
 
 
@@ -364,6 +431,13 @@ def generate(seed: int, index: int) -> dict:
     passes = rng.choice([1, 2, 2, 3])
     no_grad = rng.random() < 0.7
     nodes = [Node(i, rng, groups, n_nodes, passes) for i in range(n_nodes)]
+    order_rng = random.Random("%d/%d/state-order" % (seed, index))
+    for node in nodes:
+        if node.state:
+            node.state_order = order_rng.choices(STATE_ORDERS, STATE_ORDER_WEIGHTS)[0]
+            binds = order_rng.choice(STATE_SOURCES)
+            if node.state_order in ("after_output", "next_call"):
+                node.state_source = binds
     features = ["nodes:%d" % n_nodes, "passes:%d" % passes]
     if no_grad:
         features.append("run_no_grad")

@@ -4,7 +4,13 @@
  * owns its value, the value id inside that node and, once the node has
  * finished, the output port it was published as.  Giving a tensor a carrier
  * promotes it to TracedTensor in place; the promoted tensors are remembered
- * weakly so that stop() can make them plain torch.Tensors again.
+ * weakly so that stop() can make them plain torch.Tensors again.  A tensor
+ * computed outside every node from a published value carries a derived tag
+ * instead (trace_inactive.c), and is remembered the same way.
+ *
+ * The class changes through `obj.__class__ = cls` and the instance dict is
+ * reached through PyObject_GenericGetDict: CPython's own checks run, and a
+ * managed dict is materialised before the class changes.
  */
 #include "leapp.h"
 
@@ -77,7 +83,7 @@ static PyGetSetDef carrier_getset[] = {
     {"port", (getter)carrier_get_port, (setter)carrier_set_port, "Published output name.", NULL},
     {"active", (getter)carrier_get_active, NULL, "Whether the owning node is still tracing.", NULL},
     {"group", (getter)carrier_get_group, (setter)carrier_set_group,
-     "Alias group: the tensors sharing this value's storage (leapp._alias), or None.", NULL},
+     "Alias group: the tensors sharing this value's storage (leapp.tracing.alias), or None.", NULL},
     {NULL},
 };
 
@@ -108,22 +114,31 @@ static PyType_Spec carrier_spec = {
     .slots = carrier_slots,
 };
 
+PyObject *
+carrier_dict_item(leapp_state *st, PyObject *obj, PyObject *key)
+{
+    PyObject *dict, *found = NULL;    /* found: borrowed from obj's dict */
+    if (st->traced_type == NULL || Py_TYPE(obj) != (PyTypeObject *)st->traced_type
+        || PyErr_Occurred()) {
+        goto done;                    /* never called to look at, or wipe, a pending error */
+    }
+    dict = PyObject_GenericGetDict(obj, NULL);
+    if (dict != NULL) {
+        found = PyDict_GetItemWithError(dict, key);
+        Py_DECREF(dict);              /* obj keeps it, and with it found */
+    }
+    if (found == NULL) {
+        PyErr_Clear();                /* only the error of this lookup can be set here */
+    }
+done:
+    return found;
+}
+
 CarrierObject *
 carrier_of(leapp_state *st, PyObject *obj)
 {
-    PyObject **dictptr;
-    PyObject *found;
-    if (st->traced_type == NULL || Py_TYPE(obj) != (PyTypeObject *)st->traced_type
-        || PyErr_Occurred()) {
-        return NULL; /* never called to look at, or wipe, a pending error */
-    }
-    dictptr = _PyObject_GetDictPtr(obj);
-    if (dictptr == NULL || *dictptr == NULL) {
-        return NULL;
-    }
-    found = PyDict_GetItemWithError(*dictptr, st->str_carrier); /* borrowed */
+    PyObject *found = carrier_dict_item(st, obj, st->str_carrier); /* borrowed */
     if (found == NULL || Py_TYPE(found) != st->carrier_type) {
-        PyErr_Clear(); /* only the error of this lookup can be set here */
         return NULL;
     }
     assert(((CarrierObject *)found)->node != NULL); /* set at creation, read-only */
@@ -202,29 +217,44 @@ promoted_remember(leapp_state *st, PyObject *obj)
     return rc;
 }
 
-/* Forget obj's carrier and make it a plain torch.Tensor again, in place. */
+/* `obj.__class__ = cls`: object's descriptor called directly for a
+ * TracedTensor or a torch.Tensor when _bind found nothing else in the way
+ * (CPython's checks run, a managed dict is materialised first), else through
+ * PyObject_SetAttr (another subclass may have a __setattr__ of its own). */
+static int
+set_class(leapp_state *st, PyObject *obj, PyObject *cls)
+{
+    PyObject *setter = st->class_setter; /* borrowed from st */
+    int direct = setter != NULL && (Py_TYPE(obj) == (PyTypeObject *)st->traced_type
+                                    || Py_TYPE(obj) == (PyTypeObject *)st->tensor_type);
+    return direct ? Py_TYPE(setter)->tp_descr_set(setter, obj, cls)
+                  : PyObject_SetAttr(obj, st->str_class, cls);
+}
+
+/* Forget obj's carrier and derived tag and make it a plain torch.Tensor
+ * again, in place. */
 static int
 carrier_demote(leapp_state *st, PyObject *obj)
 {
-    PyObject **dictptr;
+    PyObject *dict, *keys[2] = {st->str_carrier, st->str_derived};
+    int rc = 0;
     if (Py_TYPE(obj) != (PyTypeObject *)st->traced_type) {
-        return 0;
+        goto done;
     }
-    dictptr = _PyObject_GetDictPtr(obj);
-    if (dictptr != NULL && *dictptr != NULL) {
-        int present = PyDict_Contains(*dictptr, st->str_carrier);
-        if (present < 0 || (present == 1 && PyDict_DelItem(*dictptr, st->str_carrier) < 0)) {
-            return -1;
+    dict = PyObject_GenericGetDict(obj, NULL);
+    rc = dict == NULL ? -1 : 0;
+    for (size_t i = 0; rc == 0 && i < 2; i++) {
+        int present = PyDict_Contains(dict, keys[i]);
+        if (present < 0 || (present == 1 && PyDict_DelItem(dict, keys[i]) < 0)) {
+            rc = -1;
         }
     }
-    if (st->same_layout) {
-        /* The reverse of carrier_promote's type swap. */
-        Py_INCREF(st->tensor_type);
-        Py_SET_TYPE(obj, (PyTypeObject *)st->tensor_type);
-        Py_DECREF(st->traced_type); /* the instance's reference to its old type */
-        return 0;
+    Py_XDECREF(dict);
+    if (rc == 0) {
+        rc = set_class(st, obj, st->tensor_type);
     }
-    return PyObject_SetAttr(obj, st->str_class, st->tensor_type);
+done:
+    return rc;
 }
 
 Py_ssize_t
@@ -288,7 +318,7 @@ carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t 
                      PyObject *port, int declared)
 {
     int rc = -1;
-    PyObject **dictptr = _PyObject_GetDictPtr(obj);
+    PyObject *dict = NULL;
     CarrierObject *c;
     /* obj was promoted first; the carrier names a value its node handed out */
     assert(Py_IS_TYPE(obj, (PyTypeObject *)st->traced_type));
@@ -305,38 +335,42 @@ carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssize_t 
     c->declared = declared;
     c->dynamic = 0;
     PyObject_GC_Track(c);
-    if (dictptr == NULL) {
-        rc = PyObject_SetAttr(obj, st->str_carrier, (PyObject *)c);
+    dict = PyObject_GenericGetDict(obj, NULL); /* made when obj has none yet */
+    if (dict != NULL) {
+        rc = PyDict_SetItem(dict, st->str_carrier, (PyObject *)c);
+    }
+    Py_XDECREF(dict);
+    Py_DECREF(c);
+    return rc;
+}
+
+int
+carrier_tag_derived(leapp_state *st, PyObject *obj, PyObject *tag)
+{
+    PyObject *dict = NULL;
+    int rc = -1;
+    assert(Py_IS_TYPE(obj, (PyTypeObject *)st->tensor_type));
+    if (carrier_promote(st, obj) < 0 || promoted_remember(st, obj) < 0) {
         goto done;
     }
-    if (*dictptr == NULL) {
-        *dictptr = PyDict_New(); /* the instance dict, owned by obj */
-        if (*dictptr == NULL) {
-            goto done;
-        }
+    dict = PyObject_GenericGetDict(obj, NULL); /* made when obj has none yet */
+    if (dict != NULL) {
+        rc = PyDict_SetItem(dict, st->str_derived, tag);
     }
-    rc = PyDict_SetItem(*dictptr, st->str_carrier, (PyObject *)c);
 done:
-    Py_DECREF(c);
+    Py_XDECREF(dict);
     return rc;
 }
 
 int
 carrier_promote(leapp_state *st, PyObject *obj)
 {
-    PyTypeObject *traced = (PyTypeObject *)st->traced_type;
-    if (Py_TYPE(obj) == traced) {
+    if (Py_TYPE(obj) == (PyTypeObject *)st->traced_type) {
         return 0;
     }
-    if (st->same_layout && Py_TYPE(obj) == (PyTypeObject *)st->tensor_type) {
-        /* What `obj.__class__ = TracedTensor` does, without re-proving on
-         * every op what _bind proved once: the two layouts are identical. */
-        Py_INCREF(traced);
-        Py_SET_TYPE(obj, traced);
-        Py_DECREF(st->tensor_type); /* the instance's reference to its old type */
-        return 0;
-    }
-    return PyObject_SetAttr(obj, st->str_class, st->traced_type);
+    /* `obj.__class__ = TracedTensor` (set_class): CPython checks the layouts
+     * and materialises a managed dict before the class changes. */
+    return set_class(st, obj, st->traced_type);
 }
 
 /* carrier_of(obj) -> Carrier | None */

@@ -20,9 +20,10 @@ joined(PyObject *node_name, PyObject *port_name)
 
 /* The final name of a port (a new reference): renames["node/port"], or
  * port_name itself when it has no entry (or renames is None); Py_None for a
- * dropped input; NULL with an exception set. */
+ * dropped input (only when may_drop: an output's name goes into formats and
+ * keys, so None there is a TypeError); NULL with an exception set. */
 static PyObject *
-final_name(PyObject *renames, PyObject *node_name, PyObject *port_name)
+final_name(PyObject *renames, PyObject *node_name, PyObject *port_name, int may_drop)
 {
     PyObject *key = NULL, *found = NULL, *result = NULL;
     if (renames == Py_None) {
@@ -37,9 +38,10 @@ final_name(PyObject *renames, PyObject *node_name, PyObject *port_name)
     if (found == NULL && PyErr_Occurred()) {
         goto done;
     }
-    if (found != NULL && found != Py_None && !PyUnicode_Check(found)) {
-        PyErr_Format(PyExc_TypeError, "build_pipeline(): the new name of %U must be a str or "
-                     "None, got %.200s", key, Py_TYPE(found)->tp_name);
+    if (found != NULL && !PyUnicode_Check(found) && (found != Py_None || !may_drop)) {
+        PyErr_Format(PyExc_TypeError, "build_pipeline(): the new name of %U must be a str%s, "
+                     "got %.200s", key, may_drop ? " or None" : " (an output cannot be dropped)",
+                     Py_TYPE(found)->tp_name);
         goto done;
     }
     result = Py_NewRef(found != NULL ? found : port_name);
@@ -212,7 +214,7 @@ wire_input(leapp_state *st, NodeObject *node, PortObject *in, PyObject *in_name,
         goto done;
     }
     Py_INCREF(out);
-    out_name = final_name(out_renames, src->name, out->name);
+    out_name = final_name(out_renames, src->name, out->name, 0);
     src_key = out_name != NULL ? joined(src->name, out_name) : NULL;
     dst_key = src_key != NULL ? joined(node->name, in_name) : NULL;
     if (src_key == NULL || dst_key == NULL) {
@@ -276,7 +278,7 @@ wire_node(leapp_state *st, NodeObject *node, PyObject *const renames[2], PyObjec
             continue;
         }
         Py_INCREF(in);
-        name = final_name(renames[0], node->name, in->name);
+        name = final_name(renames[0], node->name, in->name, 1);
         if (name == NULL) {
             rc = -1;
         }
@@ -307,7 +309,7 @@ dangling(leapp_state *st, PyObject *nodes, int outputs, PyObject *renames, PyObj
         PyObject *ports = outputs ? node->outputs : node->inputs;
         for (j = 0; j < PyTuple_GET_SIZE(ports); j++) {
             PortObject *p = node_port_at(st, ports, j); /* borrowed */
-            PyObject *name = final_name(renames, node->name, p->name);
+            PyObject *name = final_name(renames, node->name, p->name, !outputs);
             PyObject *key = name != NULL && name != Py_None ? joined(node->name, name) : NULL;
             int found = key ? PySet_Contains(linked, key) : (name == Py_None ? 1 : -1);
             Py_XDECREF(key);

@@ -27,7 +27,9 @@
  * commented where they are taken.
  *
  * assert() states the invariants these comments describe; release builds
- * compile them out (NDEBUG), LEAPP_DEBUG_BUILD=1 (make debug) keeps them.
+ * compile them out (NDEBUG), LEAPP_DEBUG_BUILD=1 (make debug, make
+ * test-debug) and LEAPP_SANITIZE=1 (make test-asan) keep them; the module's
+ * ASSERTS constant says which.
  */
 #ifndef LEAPP_H
 #define LEAPP_H
@@ -39,7 +41,7 @@
 #include <assert.h>
 
 /* Kinds of torch functions, decided once per function by the facade's
- * classifier (leapp._ops.classify) and cached in state->op_kinds. */
+ * classifier (leapp.tracing.ops.classify) and cached in state->op_kinds. */
 enum {
     OP_PLAIN = 0,      /* record as called */
     OP_INPLACE = 1,    /* mutates args[0]: record a functional rewrite */
@@ -69,10 +71,16 @@ typedef struct {
     PyTypeObject *method_type;
     PyTypeObject *program_type;
 
-    /* Objects the facade hands over once at import (leapp._bind). */
+    /* Objects the facade hands over once at import (leapp/__init__.py calls _bind). */
     PyObject *traced_type;    /* leapp's TracedTensor class */
     PyObject *tensor_type;    /* torch.Tensor */
     PyObject *run_disabled;   /* torch._C._disabled_torch_function_impl */
+    PyObject *class_setter;   /* object.__dict__["__class__"], the descriptor that
+                               * `obj.__class__ = cls` runs on a TracedTensor or a
+                               * torch.Tensor, when _bind found no __class__ or
+                               * __setattr__ of TracedTensor's own classes in the
+                               * way; else NULL (carrier.c then goes through
+                               * PyObject_SetAttr) */
     PyObject *classify;       /* func -> kind (int) */
     PyObject *rewrite;        /* (func, args, kwargs) -> (func, args, kwargs) */
     PyObject *alias;          /* tensor -> new TracedTensor sharing storage */
@@ -80,7 +88,7 @@ typedef struct {
     PyObject *alias_link;     /* (src, result) -> None: join result to src's alias group */
     PyObject *alias_write;    /* (receiver, func) -> None: an in-place write reached aliases */
     PyObject *guard;          /* (node, func, receiver, value) -> None: a traced value was
-                               * read into Python (leapp._guards); may raise */
+                               * read into Python (leapp.tracing.guards); may raise */
     PyObject *getitem;        /* torch.Tensor.__getitem__: a boolean-mask key gives a
                                * data-dependent shape */
     PyObject *bool_dtype;     /* torch.bool */
@@ -103,12 +111,12 @@ typedef struct {
                                * computed outside every node from a published value */
     PyObject *str_out;        /* "out": the keyword of torch's out= variants */
 
-    int same_layout;          /* TracedTensor and Tensor instances share a layout */
 
     /* Session. */
     int tracing;              /* between leapp.start() and leapp.stop() */
     unsigned long owner;      /* ident of the thread that turned tracing on */
-    PyObject *promoted;       /* list of weakrefs to the tensors given a carrier */
+    PyObject *promoted;       /* list of weakrefs to the tensors given a carrier or a
+                               * derived tag that stop() makes plain again */
     Py_ssize_t promoted_limit; /* size at which dead weakrefs are dropped from it */
     PyObject *nodes;          /* dict: name -> Node, creation order; only module.c
                                * writes it (register_node, reset_nodes), Python
@@ -145,6 +153,10 @@ leapp_foreign_thread(const leapp_state *st)
  * a str, names the call, e.g. "annotate.input_tensors()"); returns NULL. */
 PyObject *leapp_refuse_thread(leapp_state *st, PyObject *what);
 
+/* The name of a callable for messages, a str: its __name__ when that is a
+ * non-empty str, else its repr (module.c). */
+PyObject *leapp_func_name(PyObject *func);
+
 /* ---- ref.c ----------------------------------------------------------- */
 
 /* A reference inside a recorded op: to a value of the node or a constant. */
@@ -175,6 +187,12 @@ typedef struct {
 int carrier_init(PyObject *module, leapp_state *st);
 /* Borrowed carrier of a traced tensor, or NULL (no exception) if none. */
 CarrierObject *carrier_of(leapp_state *st, PyObject *obj);
+/* The value under key in the instance dict of obj, a TracedTensor, borrowed
+ * (obj's dict holds it), or NULL (no exception) if none. */
+PyObject *carrier_dict_item(leapp_state *st, PyObject *obj, PyObject *key);
+/* Make the plain tensor obj a TracedTensor without a carrier, tagged with
+ * tag under "_leapp_derived" and remembered for stop(). */
+int carrier_tag_derived(leapp_state *st, PyObject *obj, PyObject *tag);
 /* Attach a fresh carrier to obj (a tensor of type TracedTensor). */
 int carrier_attach(leapp_state *st, PyObject *obj, PyObject *node,
                    Py_ssize_t vid, PyObject *port, int declared);
@@ -183,8 +201,9 @@ int carrier_attach_value(leapp_state *st, PyObject *obj, PyObject *node, Py_ssiz
                          PyObject *port, int declared);
 /* Make obj (an exact torch.Tensor) a TracedTensor in place. */
 int carrier_promote(leapp_state *st, PyObject *obj);
-/* Make every tensor given a carrier since the last call plain again (in
- * place: class back to torch.Tensor, carrier dropped); -1 on error. */
+/* Make every tensor given a carrier or a derived tag since the last call
+ * plain again (in place: class back to torch.Tensor, carrier and tag
+ * dropped); -1 on error. */
 Py_ssize_t carrier_release_all(leapp_state *st);
 /* Make the remembered tensors whose carrier names node plain again (a
  * discarded node's declared inputs and buffers); -1 on error. */
@@ -213,7 +232,11 @@ PyObject *leapp_dtype_name(leapp_state *st, PyObject *tensor);
 
 /* ---- node.c ---------------------------------------------------------- */
 
-enum { NODE_OPEN = 0, NODE_DONE = 1 };
+/* NODE_TAIL: finished for the annotations (its ports fixed, re-entry checks
+ * apply), but ops on its internal values (neither declared nor published) are
+ * still recorded: a declared state's update computed after output_tensors,
+ * until update_state binds it (leapp.tracing.session_outputs). */
+enum { NODE_OPEN = 0, NODE_DONE = 1, NODE_TAIL = 2 };
 
 /* A Node's port lists are tuples only node.c builds: Python reads them and
  * changes them through the Node methods (add_input, add_outputs,
@@ -265,6 +288,7 @@ typedef struct {
     NodeObject *active;       /* strong once the walk ends: the tracing node, if any */
     CarrierObject *first;     /* strong once the walk ends: the first traced leaf's */
     int dynamic;              /* a value of the tracing node with a data-dependent shape */
+    int retry;                /* a tail node's value came before an open node's: walk again */
 } trace_walk;
 int trace_is_tensor(leapp_state *st, PyObject *obj);
 PyObject *trace_run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args,

@@ -3,7 +3,7 @@
 
 #define STATE_OBJECTS(X)                                                     \
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
-    X(program_type) X(traced_type) X(tensor_type) X(run_disabled)            \
+    X(program_type) X(traced_type) X(tensor_type) X(run_disabled) X(class_setter) \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
     X(guard) X(getitem) X(bool_dtype) \
     X(script_call) X(note_random)                                           \
@@ -36,6 +36,52 @@ module_free(void *module)
     (void)module_clear((PyObject *)module);
 }
 
+/* object's __class__ descriptor (a new reference) when traced subclasses
+ * tensor and no class of traced's MRO but object defines __class__ or
+ * __setattr__: then `obj.__class__ = cls` on an instance of exactly one of the
+ * two runs that descriptor's setter, and carrier.c may call it directly.
+ * NULL otherwise, or with an exception set. */
+static PyObject *
+find_class_setter(PyObject *traced, PyObject *tensor, PyObject *str_class)
+{
+    PyObject *mro = NULL, *setter = NULL, *dict = NULL, *str_setattr = NULL;
+    Py_ssize_t i;
+    int in_the_way = 0;
+    if (!PyType_Check(traced) || !PyType_Check(tensor)
+        || !PyType_IsSubtype((PyTypeObject *)traced, (PyTypeObject *)tensor)) {
+        goto done;
+    }
+    mro = PyObject_GetAttrString(traced, "__mro__");
+    str_setattr = mro != NULL ? PyUnicode_InternFromString("__setattr__") : NULL;
+    if (str_setattr == NULL || !PyTuple_Check(mro)) {
+        goto done;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(mro) && in_the_way == 0; i++) {
+        PyObject *cls = PyTuple_GET_ITEM(mro, i); /* borrowed from mro */
+        if (cls == (PyObject *)&PyBaseObject_Type) {
+            continue;
+        }
+        dict = PyObject_GetAttrString(cls, "__dict__");
+        in_the_way = dict == NULL ? -1 : PySequence_Contains(dict, str_class);
+        if (in_the_way == 0) {
+            in_the_way = PySequence_Contains(dict, str_setattr);
+        }
+        Py_CLEAR(dict);
+    }
+    if (in_the_way == 0) {
+        dict = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__dict__");
+        setter = dict != NULL ? PyObject_GetItem(dict, str_class) : NULL;
+        if (setter != NULL && Py_TYPE(setter)->tp_descr_set == NULL) {
+            Py_CLEAR(setter);         /* not a data descriptor: the generic path */
+        }
+    }
+done:
+    Py_XDECREF(dict);
+    Py_XDECREF(str_setattr);
+    Py_XDECREF(mro);
+    return setter;
+}
+
 /* _bind(traced_type, tensor_type, run_disabled, classify, rewrite, alias,
  *       session_api): the facade hands over the torch objects
  * once at import, so the extension never needs torch to build. */
@@ -55,21 +101,15 @@ module_bind(PyObject *module, PyObject *args)
     Py_XSETREF(st->rewrite, Py_NewRef(rewrite));
     Py_XSETREF(st->alias, Py_NewRef(alias));
     Py_XSETREF(st->session_api, Py_NewRef(api));
-    st->same_layout = 0;
-    if (PyType_Check(traced) && PyType_Check(tensor)) {
-        PyTypeObject *a = (PyTypeObject *)traced, *b = (PyTypeObject *)tensor;
-        st->same_layout = PyType_IsSubtype(a, b) && a->tp_basicsize == b->tp_basicsize
-                          && a->tp_itemsize == b->tp_itemsize
-                          && a->tp_dictoffset == b->tp_dictoffset
-                          && a->tp_weaklistoffset == b->tp_weaklistoffset
-                          && (a->tp_flags & Py_TPFLAGS_HEAPTYPE)
-                          && (b->tp_flags & Py_TPFLAGS_HEAPTYPE);
+    Py_XSETREF(st->class_setter, find_class_setter(traced, tensor, st->str_class));
+    if (PyErr_Occurred()) {
+        return NULL;
     }
     PyDict_Clear(st->op_kinds);
     Py_RETURN_NONE;
 }
 
-/* _bind_alias(link, write): the alias-provenance hooks (leapp._alias), called
+/* _bind_alias(link, write): the alias-provenance hooks (leapp.tracing.alias), called
  * only for ops that may return views and for in-place writes on values that
  * have aliases, so the common op never leaves C. */
 static PyObject *
@@ -89,7 +129,7 @@ module_bind_alias(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* _bind_script(call, note_random): the TorchScript hook (leapp._script),
+/* _bind_script(call, note_random): the TorchScript hook (leapp.tracing.script),
  * called for ops of kind OP_SCRIPTED, and the random-op hook, called for ops
  * flagged OP_RANDOM; both only while a node traces. */
 static PyObject *
@@ -160,6 +200,23 @@ leapp_refuse_thread(leapp_state *st, PyObject *what)
     }
     Py_XDECREF(done);
     return NULL;
+}
+
+PyObject *
+leapp_func_name(PyObject *func)
+{
+    PyObject *name = PyObject_GetAttrString(func, "__name__");
+    if (name == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            goto done;                /* the lookup itself failed */
+        }
+        PyErr_Clear();                /* only the missing attribute: a callable without a name */
+    }
+    if (name == NULL || !PyUnicode_Check(name) || PyUnicode_GET_LENGTH(name) == 0) {
+        Py_XSETREF(name, PyObject_Repr(func)); /* absent, empty or not a str */
+    }
+done:
+    return name;
 }
 
 static PyObject *
@@ -292,7 +349,7 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The kinds the facade hands back (leapp._ops.classify) or reads (Ref.kind),
+/* The kinds the facade hands back (leapp.tracing.ops.classify) or reads (Ref.kind),
  * exported so that Python never repeats their numbers. */
 static int
 module_add_constants(PyObject *module)
@@ -308,8 +365,19 @@ module_add_constants(PyObject *module)
         {"REF_VALUE", REF_VALUE}, {"REF_CONST", REF_CONST},
     };
     int rc = 0;
+#ifdef NDEBUG
+    const int asserts = 0;
+#else
+    const int asserts = 1;
+#endif
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]) && rc == 0; i++) {
         rc = PyModule_AddIntConstant(module, constants[i].name, constants[i].value);
+    }
+    if (rc == 0) {
+        /* whether assert() was compiled in: the debug and sanitizer builds */
+        PyObject *flag = PyBool_FromLong(asserts);
+        rc = PyModule_AddObjectRef(module, "ASSERTS", flag);
+        Py_DECREF(flag);
     }
     return rc;
 }
@@ -360,6 +428,12 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
 #ifdef Py_mod_multiple_interpreters
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The core relies on the GIL: the session's state, the nodes' op logs and
+     * the instance dicts it writes are unsynchronised.  A free-threaded
+     * CPython turns the GIL on when it imports this module. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
 #endif
     {0, NULL},
 };

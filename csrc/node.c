@@ -83,7 +83,8 @@ static PyObject *
 node_repr(NodeObject *self)
 {
     return PyUnicode_FromFormat("<Node %R: %zd ops, %s>", self->name, PyList_GET_SIZE(self->ops),
-                                self->state == NODE_OPEN ? "tracing" : "finished");
+                                self->state == NODE_OPEN ? "tracing"
+                                : self->state == NODE_TAIL ? "finished, in its tail" : "finished");
 }
 
 Py_ssize_t
@@ -193,6 +194,30 @@ node_finish(NodeObject *self, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     return result;
+}
+
+/* open_tail(): a finished node keeps recording ops on its internal values
+ * (NODE_TAIL) until close_tail(): declared state updated after output_tensors. */
+static PyObject *
+node_open_tail(NodeObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->state != NODE_DONE) {
+        PyErr_Format(PyExc_RuntimeError, "open_tail(): node '%U' is %s", self->name,
+                     self->state == NODE_OPEN ? "still tracing" : "already in its tail");
+        return NULL;
+    }
+    self->state = NODE_TAIL;
+    Py_RETURN_NONE;
+}
+
+/* close_tail(): the end of the tail; a node not in its tail is left as it is. */
+static PyObject *
+node_close_tail(NodeObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->state == NODE_TAIL) {
+        self->state = NODE_DONE;
+    }
+    Py_RETURN_NONE;
 }
 
 /* record(func, args, kwargs=None) -> int: append an op whose traced
@@ -346,7 +371,7 @@ node_add_outputs(NodeObject *self, PyObject *ports)
     /* ours: the checks below see what is added; iterating ports may run
      * Python code, so the node is looked at only afterwards */
     items = PySequence_Tuple(ports);
-    if (items == NULL || require_open(self, "add_outputs") < 0) {
+    if (items == NULL || (self->state != NODE_TAIL && require_open(self, "add_outputs") < 0)) {
         goto done;
     }
     n = PyTuple_GET_SIZE(items);
@@ -573,12 +598,21 @@ node_get_tracing(NodeObject *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->state == NODE_OPEN);
 }
 
+static PyObject *
+node_get_in_tail(NodeObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->state == NODE_TAIL);
+}
+
 static PyMethodDef node_methods[] = {
     {"new_value", (PyCFunction)node_new_value, METH_NOARGS, "A fresh value id."},
     {"bind_const", (PyCFunction)node_bind_const, METH_VARARGS, "Value id bound to a constant."},
     {"prune", (PyCFunction)node_prune, METH_O, "Reachability from output value ids."},
     {"finish", (PyCFunction)node_finish, METH_VARARGS,
      "Close the node; its completion index is the session's next one unless given."},
+    {"open_tail", (PyCFunction)node_open_tail, METH_NOARGS,
+     "Keep recording ops on the finished node's internal values (a late state update)."},
+    {"close_tail", (PyCFunction)node_close_tail, METH_NOARGS, "End the node's tail."},
     {"record", (PyCFunction)node_record, METH_VARARGS, "Append an op; its fresh value id."},
     {"add_input", (PyCFunction)node_add_input, METH_VARARGS,
      "Append an input port (its name new among the inputs) to the tracing node."},
@@ -596,6 +630,8 @@ static PyMethodDef node_methods[] = {
 
 static PyGetSetDef node_getset[] = {
     {"is_tracing", (getter)node_get_tracing, NULL, "True until the first pass finishes.", NULL},
+    {"in_tail", (getter)node_get_in_tail, NULL,
+     "True while ops on its internal values are still recorded after its finish.", NULL},
     {NULL},
 };
 

@@ -13,7 +13,8 @@
 PyObject *
 leapp_dtype_name(leapp_state *st, PyObject *tensor)
 {
-    PyObject *dtype = NULL, *name = NULL, *text = NULL;
+    PyObject *dtype = NULL, *name = NULL, *text = NULL, *prefix = NULL;
+    Py_ssize_t skip = 0;
     dtype = PyObject_GetAttr(tensor, st->str_dtype);
     if (dtype == NULL) {
         goto done;
@@ -26,20 +27,24 @@ leapp_dtype_name(leapp_state *st, PyObject *tensor)
     if (PyErr_Occurred()) {
         goto done;
     }
-    text = PyObject_Str(dtype); /* "torch.float32" */
-    if (text == NULL) {
+    /* "torch.float32" -> "float32"; a str without that prefix is kept whole
+     * (a dtype-like object of another library) */
+    text = PyObject_Str(dtype);
+    prefix = text != NULL ? PyUnicode_FromString("torch.") : NULL;
+    if (prefix == NULL) {
         goto done;
     }
-    if (PyUnicode_GET_LENGTH(text) > 6) {
-        name = PyUnicode_Substring(text, 6, PyUnicode_GET_LENGTH(text));
+    skip = PyUnicode_Tailmatch(text, prefix, 0, PY_SSIZE_T_MAX, -1);
+    if (skip < 0) {
+        goto done;
     }
-    else {
-        name = Py_NewRef(text);
-    }
+    skip = skip ? PyUnicode_GET_LENGTH(prefix) : 0;
+    name = PyUnicode_Substring(text, skip, PyUnicode_GET_LENGTH(text));
     if (name != NULL && PyDict_SetItem(st->dtype_names, dtype, name) < 0) {
         Py_CLEAR(name);
     }
 done:
+    Py_XDECREF(prefix);
     Py_XDECREF(text);
     Py_XDECREF(dtype);
     return name;

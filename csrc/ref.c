@@ -28,7 +28,10 @@ ref_richcompare(PyObject *a, PyObject *b, int op)
 static Py_hash_t
 ref_hash(RefObject *self)
 {
-    Py_hash_t h = (Py_hash_t)(self->index * 2 + self->kind);
+    /* unsigned arithmetic: index * 2 wraps instead of overflowing (index may
+     * be any Py_ssize_t >= 0, e.g. value_ref(sys.maxsize)) */
+    Py_uhash_t u = (Py_uhash_t)self->index * 2u + (Py_uhash_t)self->kind;
+    Py_hash_t h = (Py_hash_t)u; /* modulo 2**N: gcc and clang define the conversion */
     return h == -1 ? -2 : h;
 }
 

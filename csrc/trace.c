@@ -17,15 +17,11 @@
 static int
 raise_mixed(trace_walk *w, NodeObject *other)
 {
-    PyObject *fname = PyObject_GetAttrString(w->func, "__name__");
+    PyObject *fname = leapp_func_name(w->func);
     PyObject *lo = w->active->name, *hi = other->name; /* borrowed */
     int order;
     if (fname == NULL) {
-        PyErr_Clear();
-        fname = PyObject_Repr(w->func);
-        if (fname == NULL) {
-            goto done;
-        }
+        goto done;
     }
     order = PyObject_RichCompareBool(lo, hi, Py_GT);
     if (order < 0) {
@@ -70,15 +66,28 @@ template_of(trace_walk *w, PyObject *obj)
         if (w->first == NULL) {
             w->first = (CarrierObject *)Py_NewRef(c); /* released by torch_function */
         }
-        if (((NodeObject *)c->node)->state != NODE_OPEN) {
+        if (((NodeObject *)c->node)->state == NODE_TAIL) {
+            /* Only the tail node's internal values are recorded, and only by
+             * an op no open node takes part in; otherwise they are constants. */
+            if (c->port != NULL || c->declared
+                || (w->active != NULL && w->active != (NodeObject *)c->node)) {
+                return Py_NewRef(obj);
+            }
+        }
+        else if (((NodeObject *)c->node)->state != NODE_OPEN) {
             return Py_NewRef(obj);
         }
         if (w->active == NULL) {
             w->active = (NodeObject *)Py_NewRef(c->node); /* released by torch_function */
         }
         else if (w->active != (NodeObject *)c->node) {
-            raise_mixed(w, (NodeObject *)c->node);
-            return NULL;
+            if (w->active->state != NODE_TAIL) {
+                raise_mixed(w, (NodeObject *)c->node);
+                return NULL;
+            }
+            /* The open node records the op; the walk starts again from it. */
+            Py_SETREF(w->active, (NodeObject *)Py_NewRef(c->node));
+            w->retry = 1;
         }
         assert(c->vid >= 0 && c->vid < w->active->nvalues); /* a value the node handed out */
         w->dynamic |= c->dynamic;
@@ -187,12 +196,13 @@ trace_is_tensor(leapp_state *st, PyObject *obj)
            || PyType_IsSubtype(tp, (PyTypeObject *)st->tensor_type);
 }
 
-/* Make the tensor result r the value vid of node. */
+/* Make the tensor result r the value vid of node; written: r is a tensor
+ * the op wrote into (in place, out=), not one it made. */
 static int
-bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
+bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid, int written)
 {
     CarrierObject *c = carrier_of(st, r); /* borrowed */
-    assert(node->state == NODE_OPEN && vid >= 0 && vid < node->nvalues);
+    assert(node->state != NODE_DONE && vid >= 0 && vid < node->nvalues);
     if (c != NULL && c->node == (PyObject *)node) {
         c->vid = vid; /* an op that returned (or mutated) its receiver */
         return 0;
@@ -200,9 +210,11 @@ bind_result(leapp_state *st, NodeObject *node, PyObject *r, Py_ssize_t vid)
     if (carrier_promote(st, r) < 0) {
         return -1;
     }
-    /* Not remembered for stop(): a weakref per op would be most of the op's
-     * garbage; the outputs a node publishes are remembered when it finishes. */
-    return carrier_attach_value(st, r, (PyObject *)node, vid, NULL, 0);
+    /* A result is not remembered for stop(): a weakref per op would be most
+     * of the op's garbage; the outputs a node publishes are remembered when it
+     * finishes.  A written tensor is the caller's: stop() makes it plain. */
+    return written ? carrier_attach(st, r, (PyObject *)node, vid, NULL, 0)
+                   : carrier_attach_value(st, r, (PyObject *)node, vid, NULL, 0);
 }
 
 /* The out field of the record for result r, binding its tensors; Py_None
@@ -212,7 +224,7 @@ bind_results(leapp_state *st, NodeObject *node, PyObject *r)
 {
     if (trace_is_tensor(st, r)) {
         Py_ssize_t vid = node->nvalues++;
-        if (bind_result(st, node, r, vid) < 0) {
+        if (bind_result(st, node, r, vid, 0) < 0) {
             return NULL;
         }
         return PyLong_FromSsize_t(vid);
@@ -229,7 +241,7 @@ bind_results(leapp_state *st, NodeObject *node, PyObject *r)
             PyObject *slot;
             if (trace_is_tensor(st, item)) {
                 Py_ssize_t vid = node->nvalues++;
-                if (bind_result(st, node, item, vid) < 0) {
+                if (bind_result(st, node, item, vid, 0) < 0) {
                     Py_DECREF(out);
                     return NULL;
                 }
@@ -263,7 +275,7 @@ trace_run_eager(leapp_state *st, PyObject *func, PyObject *types, PyObject *args
 
 /* Alias provenance: a result that may be a view of the receiver joins the
  * receiver's alias group, and an in-place write on a value with aliases is
- * carried onto them (leapp._alias).  Only view-like ops and writes on values
+ * carried onto them (leapp.tracing.alias).  Only view-like ops and writes on values
  * that have a group leave C. */
 static int
 follow_aliases(leapp_state *st, NodeObject *node, int kind, PyObject *func,
@@ -396,7 +408,7 @@ trace_active(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject 
     PyObject *receiver = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
     PyObject *into = (kind == OP_INPLACE || kind == OP_OVERWRITE) ? NULL
                          : out_target(st, kwargs); /* borrowed */
-    assert(node != NULL && node->state == NODE_OPEN && targs != NULL);
+    assert(node != NULL && node->state != NODE_DONE && targs != NULL);
     if (into != NULL) {
         /* out=: a write into that tensor, recorded functionally like an
          * in-place op (rewrite() drops the keyword). */
@@ -434,7 +446,7 @@ trace_active(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject 
     if ((kind == OP_INPLACE || kind == OP_OVERWRITE) && receiver != NULL
         && trace_is_tensor(st, receiver)) {
         Py_ssize_t vid = node->nvalues++;
-        if (bind_result(st, node, receiver, vid) < 0) {
+        if (bind_result(st, node, receiver, vid, 1) < 0) {
             goto error;
         }
         out = PyLong_FromSsize_t(vid);
@@ -498,13 +510,9 @@ trace_foreign(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject
         && (w->first == NULL || (kind != OP_INPLACE && kind != OP_OVERWRITE))) {
         return trace_run_eager(st, func, types, args, kwargs);
     }
-    name = PyObject_GetAttrString(func, "__name__");
+    name = leapp_func_name(func);
     if (name == NULL) {
-        PyErr_Clear();
-        name = PyObject_Repr(func);
-        if (name == NULL) {
-            goto done;
-        }
+        goto done;
     }
     what = w->active != NULL
                ? PyUnicode_FromFormat("the torch op '%S' on a traced value of node '%U'", name,
@@ -521,7 +529,7 @@ done:
 }
 
 /* Ops of the tracing node that leave C first: a random op is noted on the
- * node (leapp._session: validation names it) and then recorded as usual; a
+ * node (leapp.tracing.ops.note_random: validation names it) and then recorded as usual; a
  * TorchScript callable (OP_SCRIPTED) is run by the facade's hook, op by op
  * through this handler, and is not recorded itself. */
 static PyObject *
@@ -552,7 +560,7 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
 {
     leapp_state *st = leapp_get_state(module);
     PyObject *func, *types, *args, *kwargs, *targs = NULL, *tkwargs = NULL, *result = NULL;
-    trace_walk w = {st, NULL, NULL, NULL, 0};
+    trace_walk w = {st, NULL, NULL, NULL, 0, 0};
     int kind, base;
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
@@ -588,6 +596,22 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
             goto done;
         }
     }
+    if (w.retry) {
+        /* w.active is now the open node: the tail node's values become constants */
+        Py_CLEAR(targs);
+        Py_CLEAR(tkwargs);
+        w.dynamic = 0;
+        targs = template_of(&w, args);
+        if (targs == NULL) {
+            goto done;
+        }
+        if (kwargs != Py_None) {
+            tkwargs = template_of(&w, kwargs);
+            if (tkwargs == NULL) {
+                goto done;
+            }
+        }
+    }
     kind = op_kind(st, func);
     if (kind < 0) {
         goto done;
@@ -595,6 +619,14 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     base = kind & OP_KIND_MASK;
     if (PyThread_get_thread_ident() != st->owner) {
         result = trace_foreign(st, &w, base, func, types, args, kwargs);
+    }
+    else if (w.active != NULL && w.active->state == NODE_TAIL
+             && (base == OP_CONVERSION || base == OP_SIZE)) {
+        /* a tail value read into Python: no guard, the node's pass is over */
+        result = trace_run_eager(st, func, types, args, kwargs);
+    }
+    else if (w.active != NULL && w.active->state == NODE_TAIL && base != OP_SCRIPTED) {
+        result = trace_active(st, &w, base, func, types, args, kwargs, targs, tkwargs);
     }
     else if (w.active != NULL && ((kind & OP_RANDOM) != 0 || base == OP_SCRIPTED)) {
         result = trace_hooked(st, &w, kind, func, types, args, kwargs, targs, tkwargs);
@@ -618,7 +650,7 @@ done:
     return result;
 }
 
-/* _bind_guards(hook, getitem, bool_dtype): the guard hook (leapp._guards),
+/* _bind_guards(hook, getitem, bool_dtype): the guard hook (leapp.tracing.guards),
  * called only for conversions of traced values into Python, and the two torch
  * objects that tell a boolean-mask index. */
 static PyObject *

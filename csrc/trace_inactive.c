@@ -135,16 +135,10 @@ done:
 static PyObject *
 derived_tag(CarrierObject *c, PyObject *func)
 {
-    PyObject *tag = NULL, *fname = PyObject_GetAttrString(func, "__name__");
-    if (fname == NULL) {
-        PyErr_Clear();
-        fname = PyObject_Repr(func);
-        if (fname == NULL) {
-            goto done;
-        }
+    PyObject *tag = NULL, *fname = leapp_func_name(func);
+    if (fname != NULL) {
+        tag = PyTuple_Pack(3, ((NodeObject *)c->node)->name, c->port, fname);
     }
-    tag = PyTuple_Pack(3, ((NodeObject *)c->node)->name, c->port, fname);
-done:
     Py_XDECREF(fname);
     return tag;
 }
@@ -156,53 +150,27 @@ derived_arg(leapp_state *st, PyObject *args)
     PyObject *tag = NULL;             /* borrowed from an argument's instance dict */
     Py_ssize_t i, n = PyTuple_GET_SIZE(args);
     for (i = 0; i < n && tag == NULL; i++) {
-        PyObject *arg = PyTuple_GET_ITEM(args, i); /* borrowed */
-        PyObject **dictptr = Py_TYPE(arg) == (PyTypeObject *)st->traced_type
-                                 ? _PyObject_GetDictPtr(arg) : NULL;
-        if (dictptr != NULL && *dictptr != NULL) {
-            tag = PyDict_GetItemWithError(*dictptr, st->str_derived);
-            if (tag == NULL && PyErr_Occurred()) {
-                PyErr_Clear(); /* only this lookup's error: an untagged argument */
-            }
-        }
+        tag = carrier_dict_item(st, PyTuple_GET_ITEM(args, i), st->str_derived);
     }
     return tag;
 }
 
 /* Tag the plain tensor t (made a TracedTensor without a carrier, so the ops
- * that follow keep the tag) with tag; other objects are left alone. */
+ * that follow keep the tag, and remembered, so stop() makes it plain again)
+ * with tag; other objects are left alone. */
 static int
 tag_derived(leapp_state *st, PyObject *t, PyObject *tag)
 {
-    PyObject **dictptr;
-    int rc = -1;
     if (Py_TYPE(t) != (PyTypeObject *)st->tensor_type) {
-        rc = 0;                       /* a traced value or another subclass: untouched */
-        goto done;
+        return 0;                     /* a traced value or another subclass: untouched */
     }
-    if (carrier_promote(st, t) < 0) {
-        goto done;
-    }
-    dictptr = _PyObject_GetDictPtr(t);
-    if (dictptr == NULL) {
-        rc = PyObject_SetAttr(t, st->str_derived, tag);
-        goto done;
-    }
-    if (*dictptr == NULL) {
-        *dictptr = PyDict_New();      /* the instance dict, owned by t */
-        if (*dictptr == NULL) {
-            goto done;
-        }
-    }
-    rc = PyDict_SetItem(*dictptr, st->str_derived, tag);
-done:
-    return rc;
+    return carrier_tag_derived(st, t, tag);
 }
 
 /* Ops outside every node while a session runs.  A tensor result computed
  * from a published value (or from a result tagged so) is tagged "derived
  * from port P of node N by func": an input declared from it would silently be
- * a new graph input, and the facade says so (leapp._session). */
+ * a new graph input, and the facade says so (leapp.tracing.session). */
 PyObject *
 trace_inactive(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject *types,
                PyObject *args, PyObject *kwargs)

@@ -30,6 +30,8 @@ from .export_manager import ExportManager  # noqa: E402
 from .tracing.patching import FunctionPatch  # noqa: E402
 from ._version import __implementation__, __version__  # noqa: E402
 from .compiling.lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
+from .compiling.backend_survey import check_backends  # noqa: E402  (docs/backends.md)
+from .compiling.export_errors import ExportError  # noqa: E402
 from .serving.fusion import fuse  # noqa: E402
 from .bundle.contract import read as contract  # noqa: E402  (docs/deploy.md)
 from .semantics import GraphConfigs, InputKindEnum, OutputKindEnum, TemporalAxis, TensorSemantics
@@ -38,8 +40,8 @@ from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
 __all__ = [
     "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
     "OutputKindEnum", "TemporalAxis", "GraphConfigs", "FunctionPatch", "InferenceManager",
-    "TracedTensor", "ExportManager", "fuse", "contract", "__version__", "__config_version__",
-    "__implementation__",
+    "TracedTensor", "ExportManager", "fuse", "contract", "check_backends", "ExportError",
+    "__version__", "__config_version__", "__implementation__",
 ]
 
 

@@ -7,7 +7,7 @@ from typing import Any, Final, final
 
 import torch
 
-# Op kinds (csrc/leapp.h): what leapp._ops.classify answers for a torch function.
+# Op kinds (csrc/leapp.h): what leapp.tracing.ops.classify answers for a torch function.
 OP_PLAIN: Final[int]
 OP_INPLACE: Final[int]
 OP_COPY: Final[int]
@@ -23,6 +23,8 @@ OP_RANDOM: Final[int]
 # Ref kinds: what a Ref inside a recorded op points at.
 REF_VALUE: Final[int]
 REF_CONST: Final[int]
+# Whether the core was built with assert() on (the debug and sanitizer builds).
+ASSERTS: Final[bool]
 
 # An op record of Node.ops: (func, args template, kwargs template, output value ids).
 OpRecord = tuple[Any, tuple[Any, ...], dict[str, Any], Any]
@@ -48,7 +50,7 @@ class Carrier:
     declared: int
     dynamic: int
     port: str | None
-    group: Any  # leapp._alias.AliasGroup, or None
+    group: Any  # leapp.tracing.alias.AliasGroup, or None
     @property
     def active(self) -> bool: ...
 
@@ -97,10 +99,14 @@ class Node:
     def node_index(self) -> int: ...
     @property
     def is_tracing(self) -> bool: ...
+    @property
+    def in_tail(self) -> bool: ...
     def new_value(self) -> int: ...
     def bind_const(self, tensor: torch.Tensor, vid: int = ..., /) -> int: ...
     def prune(self, output_vids: Iterable[int], /) -> tuple[list[int], bytes]: ...
     def finish(self, index: int | None = ..., /) -> None: ...
+    def open_tail(self) -> None: ...
+    def close_tail(self) -> None: ...
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = ...,
                /) -> int: ...
     def add_input(self, port: Port, /) -> None: ...

@@ -7,6 +7,9 @@
     leapp view BUNDLE.yaml [-o HTML]  the interactive view (one self-contained HTML file)
     leapp check BUNDLE.yaml           load every model, run one step
     leapp check --deploy BUNDLE.yaml  is the bundle complete enough to deploy
+
+BUNDLE.yaml may also be the bundle's directory (DIR/<DIR's name>.yaml, or the
+one .yaml file it holds).
     leapp triton BUNDLE.yaml REPO     a Triton Inference Server model repository
 
 Exit status: 0 ok, 1 a check failed (checksum, model load, a step), 2 usage
@@ -49,6 +52,19 @@ def _read_bundle(path: str) -> Any:
         raise BundleError(str(exc)) from exc
     except ValueError as exc:
         raise BundleError(f"{path}: {_one_line(exc)}") from exc
+
+
+def _bundle_path(path: str) -> str:
+    """path, or for a bundle directory its YAML: DIR/<DIR's name>.yaml, else the one .yaml
+    file DIR holds.  A directory with neither stays as given (the reader says so)."""
+    if not os.path.isdir(path):
+        return path
+    named = os.path.join(path, os.path.basename(os.path.normpath(path)) + ".yaml")
+    if os.path.isfile(named):
+        return named
+    found = [entry for entry in sorted(os.listdir(path))
+             if entry.endswith(".yaml") and os.path.isfile(os.path.join(path, entry))]
+    return os.path.join(path, found[0]) if len(found) == 1 else path
 
 
 def _one_line(exc: BaseException) -> str:
@@ -290,7 +306,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
         sub = verbs.add_parser(name, help=text, description=text)
-        sub.add_argument("bundle", metavar="BUNDLE.yaml", help="the bundle's YAML file")
+        sub.add_argument("bundle", metavar="BUNDLE.yaml", help="the bundle's YAML file, or its "
+                         "directory")
         return sub
 
     verb("inspect", "Print nodes, ports (shape, dtype, kind), edges, feedback and verify the "
@@ -358,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)  # exits 2 with argparse's message on a usage error
+    args.bundle = _bundle_path(args.bundle)  # a bundle directory stands for its YAML
     try:
         return args.run(args, sys.stdout)
     except BundleError as exc:

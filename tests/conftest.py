@@ -15,6 +15,26 @@ import leapp  # noqa: E402
 from leapp import _core  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` skip cleanly where torch sees no GPU (CI); they run where it
+    does (make test-device, tests/device/run.sh)."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU: torch.cuda.is_available() is False")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
+def pytest_sessionstart(session):
+    """`make test-debug` and `make test-asan` set LEAPP_EXPECT_ASSERTS=1: the core the
+    suite imports must then be the build with assert() on, not a release core."""
+    if os.environ.get("LEAPP_EXPECT_ASSERTS") == "1" and not _core.ASSERTS:
+        pytest.exit(f"LEAPP_EXPECT_ASSERTS=1 but {_core.__file__} was built without assert(): "
+                    f"rebuild it with LEAPP_DEBUG_BUILD=1 or LEAPP_SANITIZE=1", returncode=1)
+
+
 @pytest.fixture(autouse=True)
 def _clean_session():
     """No test sees another's session: tracing off, nodes forgotten."""

@@ -83,6 +83,44 @@ def op_handler():
 
 
 @scenario
+def stop_restores():
+    """What stop() undoes, in a running session: tensors of the user's written by a
+    node's ops (copy_, out=) and tensors computed outside every node from a published
+    output (derived tags) are promoted, remembered and made plain again by
+    release_traced() (stop()'s core call); the declared input and the published output
+    are given their carriers back each step as the annotations would."""
+    import torch
+
+    import leapp
+    from leapp import _core, annotate
+    leapp.start("leaks", save_path=tempfile.mkdtemp(prefix="leapp-leaks-"))
+    y = annotate.input_tensors("p", {"s": torch.randn(1, 3)}) * 2.0
+    annotate.output_tensors("p", {"y": y})
+    x = annotate.input_tensors("n", {"x": torch.randn(1, 3)})
+    published, declared = _core.nodes()["p"], _core.nodes()["n"]
+    y_vid, x_vid = _core.carrier_of(y).vid, _core.carrier_of(x).vid
+    buf, out = torch.zeros(1, 3), torch.zeros(1, 3)
+
+    def step(keep):
+        _core.set_carrier(x, declared, x_vid, None, True)
+        _core.set_carrier(y, published, y_vid, "y", False)
+        buf.copy_(x * 2.0)              # written in the node
+        torch.add(x, 1.0, out=out)      # written through out=
+        e = (y + 1.0) * 2.0             # derived outside every node, twice
+        assert type(buf) is type(e) is leapp.TracedTensor
+        keep(e)
+        released = _core.release_traced()
+        assert released == 5, released  # x, y, buf, out, e (y + 1.0 is gone)
+        assert type(buf) is type(e) is torch.Tensor and not vars(buf) and not vars(e)
+        declared.ops.clear()
+
+    probes = dict(_leapp_probes(), x=x, y=y, buf=buf, out=out, published=published,
+                  declared=declared, copy_=torch.Tensor.copy_,
+                  derived=sys.intern("_leapp_derived"))
+    return step, probes
+
+
+@scenario
 def annotations():
     """The annotations without a session (the C fast paths) and while one runs, on a
     node's later passes (compared with the first, samples cached up to the limit)."""

@@ -166,6 +166,23 @@ def test_check_fails_on_a_missing_model(bundle):
     _no_traceback(proc)
 
 
+def test_a_bundle_directory_stands_for_its_yaml(bundle):
+    """`leapp check --deploy DIR` (and every verb) reads DIR/<DIR's name>.yaml."""
+    directory = os.path.dirname(bundle)
+    proc = leapp_cli("check", "--deploy", directory)
+    # this bundle has no kinds nor frequency: the check runs and fails on them
+    assert proc.returncode == 1, proc.stderr
+    assert f"deploy check of pipe ({bundle})" in proc.stdout
+    assert "FAIL  kind" in proc.stdout and "FAIL  frequency" in proc.stdout
+    assert "deploy check(s) failed" in proc.stderr
+    _no_traceback(proc)
+    proc = leapp_cli("check", directory + os.sep)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok: 2 node(s) loaded" in proc.stdout
+    proc = leapp_cli("inspect", directory)
+    assert proc.returncode == 0 and "bundle pipe: 2 node(s)" in proc.stdout
+
+
 # ---- errors common to every verb ----------------------------------------------------------
 
 @pytest.mark.parametrize("verb", ["inspect", "run", "draw", "check"])

@@ -3,14 +3,17 @@
 One complete bundle (kinds, joint names, frequency, declared state, fused
 model) passes with status 0; copies of it, each made incomplete in one way,
 fail the check that names the missing piece, its node, port and fix, with
-status 1; an unreadable bundle is status 2.  compile_graph logs the same
-findings as warnings and still writes the bundle.
+status 1; an unreadable bundle is status 2.  compile_graph logs the findings
+about deployment readiness as one INFO line (the count and the command), what
+may make the export wrong as warnings, and still writes the bundle.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -22,6 +25,7 @@ from leapp import _core
 from leapp.compiling.deploy_check import FAIL, PASS, WARN, check_bundle
 from leapp.bundle.digest import file_digests
 from leapp.cli import main
+from support import ROOT
 
 JOINTS = ["hip", "knee", "ankle"]
 
@@ -214,15 +218,93 @@ def test_unreadable_bundle_is_status_2(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_compile_graph_logs_the_findings_as_warnings_and_writes_the_bundle(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="leapp"):
+def test_compile_graph_logs_readiness_as_one_info_line_and_writes_the_bundle(tmp_path, caplog):
+    """No kind, no frequency: one INFO line with the count and the command, no WARNING."""
+    with caplog.at_level(logging.INFO, logger="leapp"):
         yaml_path = _trace(str(tmp_path), frequency=None, output_kind=None, names=None,
                            fuse=False)
     assert os.path.exists(yaml_path)
-    messages = [r.getMessage() for r in caplog.records if "Deploy check" in r.getMessage()]
-    # one line per message: an output without a kind is not called an input
-    assert any("'kind'" in m and "policy/action" in m and "graph output has no kind" in m
-               for m in messages)
-    assert not any("policy/action" in m and "graph input has no kind" in m for m in messages)
-    assert any("'frequency'" in m for m in messages)
-    assert not any("'initial_values'" in m for m in messages)
+    deploy = [r for r in caplog.records if "Deploy" in r.getMessage()]
+    assert [r.levelno for r in deploy] == [logging.INFO]
+    message = deploy[0].getMessage()
+    # the policy's output has no kind, the pipeline no frequency: 2 findings
+    assert "Deploy readiness: 2 finding(s) (kind 1, frequency 1)" in message, message
+    assert f"`leapp check --deploy {os.path.dirname(os.path.realpath(yaml_path))}`" in message
+    assert main(["check", "--deploy", os.path.dirname(yaml_path)]) == 1  # the command works
+
+
+def test_missing_initial_value_stays_a_warning_at_compile(bundle, caplog):
+    """What may make the export wrong (a state starting from zeros) is a WARNING."""
+    from safetensors.torch import save_file
+    from leapp.bundle.contract import load_bundle
+    from leapp.compiling.deploy_check import log_compile
+    directory = os.path.dirname(bundle)
+    save_file({"other/x": torch.zeros(1)}, os.path.join(directory, "robot_initial_values"
+                                                                     ".safetensors"))
+    with caplog.at_level(logging.INFO, logger="leapp"):
+        log_compile(load_bundle(bundle), directory, directory)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'initial_values'" in warnings[0], warnings
+    assert "encoder/" in warnings[0] and "no initial value" in warnings[0]
+    assert not [r for r in caplog.records if "Deploy readiness" in r.getMessage()]
+
+
+def test_a_check_that_raises_is_a_warning_and_the_others_still_run(tmp_path, caplog,
+                                                                   monkeypatch, capsys):
+    """A bug inside one of leapp's checks surfaces (WARNING, what failed), never DEBUG."""
+    from leapp.compiling import deploy_check
+
+    def broken(model):
+        raise KeyError("planted")
+    monkeypatch.setattr(deploy_check, "check_frequency", broken)
+    with caplog.at_level(logging.DEBUG, logger="leapp"):
+        yaml_path = _trace(str(tmp_path), output_kind=None, names=None, fuse=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and "Deploy" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "'frequency'" in warnings[0] and "the check itself failed: KeyError" in \
+        warnings[0] and "planted" in warnings[0]
+    infos = [r.getMessage() for r in caplog.records if "Deploy readiness" in r.getMessage()]
+    assert len(infos) == 1 and "kind 1" in infos[0]  # the kind check still ran
+    # the command line names the failed check too
+    assert main(["check", "--deploy", yaml_path]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  frequency" in out and "the check itself failed: KeyError" in out
+
+
+def test_check_deploy_accepts_the_bundle_directory(complete, capsys, tmp_path):
+    directory = os.path.dirname(complete)
+    assert main(["check", "--deploy", directory]) == 0
+    out = capsys.readouterr().out
+    assert f"deploy check of robot ({complete})" in out and "0 failed" in out
+    # a directory named otherwise, holding one YAML file
+    other = tmp_path / "renamed"
+    shutil.copytree(directory, other)
+    assert main(["check", "--deploy", str(other)]) == 0
+    # a directory with no bundle in it is refused as before
+    assert main(["check", "--deploy", str(tmp_path / "renamed" / "..")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def _readme_example() -> str:
+    """The README's first Python block (the five-line example), as written."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "leapp.compile_graph()" in block and "my_pipeline" in block
+    return block
+
+
+def test_readme_example_compiles_without_a_warning(tmp_path):
+    """A newcomer's first compile: no WARNING on the console nor in log.txt (which takes
+    every record); the deploy findings are the one INFO line."""
+    script = f"import sys\nsys.path.insert(0, {ROOT!r})\n" + _readme_example()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARNING" not in proc.stderr and "WARNING" not in proc.stdout, proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
+    log = open(os.path.join(tmp_path, "my_pipeline", "log.txt"), encoding="utf-8").read()
+    assert "[WARNING]" not in log and "[ERROR]" not in log, log
+    assert "[INFO]: Deploy readiness: 3 finding(s) (kind 2, frequency 1)" in log
+    assert "LEAPP export artifacts saved" in proc.stdout  # the record upstream prints too

@@ -617,6 +617,42 @@ def test_huge_output_shape_refused_before_allocation(bundle):
     refused(bundle, r"for post/out declares 4294967296 elements")
 
 
+def test_8_gib_input_refused_on_load_naming_node_port_and_size(bundle):
+    """2**31 float32 elements pass the element bound but are 8 GiB: refused before torch
+    is asked for the buffer, with the node, the port and the size."""
+    bundle.edit(lambda d: d["models"]["pre"]["inputs"][0].update(shape=[2, 1024, 1024, 1024]))
+    message = refused(bundle, r"Node 'pre', port 'x' \(pre/x\) declares float32 "
+                              r"\[2, 1024, 1024, 1024\]: 8\.0 GiB \(8589934592 bytes\), "
+                              r"more than the 2\.0 GiB")
+    assert "MAX_PORT_BYTES" in message and "allocat" in message
+    assert "DefaultCPUAllocator" not in message
+
+
+def test_large_dtype_counts_in_the_port_bound(bundle):
+    """2**28 + 1 float64 elements, far below the element bound, are 8 bytes over the
+    2 GiB port bound: the bound is in bytes, so the dtype counts."""
+    bundle.edit(lambda d: d["models"]["post"]["outputs"][0].update(shape=[2 ** 28 + 1],
+                                                                   dtype="float64"))
+    refused(bundle, r"Node 'post', port 'out' \(post/out\) declares float64 \[268435457\]")
+
+
+def test_ports_over_the_bundle_bound_refused_naming_the_largest(bundle):
+    """Six ports of 2 GiB each (each within its own bound): 12 GiB together is refused."""
+    def grow(d):
+        models = d["models"]
+        for node, side, index in [("pre", "inputs", 0), ("pre", "outputs", 0),
+                                  ("policy", "inputs", 0), ("policy", "outputs", 0),
+                                  ("post", "inputs", 0), ("post", "outputs", 0)]:
+            port = models[node][side][index]
+            assert port["name"] in ("x", "y", "obs", "a", "out"), port
+            port["shape"] = [2 ** 29]
+    bundle.edit(grow)
+    # six ports of 2 GiB, and the state h in and out: 2 x 16 bytes
+    message = refused(bundle, r"The bundle's ports declare 12\.0 GiB \(12884901920 bytes\) "
+                              r"together, more than the 8\.0 GiB")
+    assert "MAX_BUNDLE_PORT_BYTES" in message and "2.0 GiB" in message
+
+
 def test_json_string_shape_still_accepted(bundle):
     bundle.edit(lambda d: d["models"]["pre"]["inputs"][0].update(shape="[1, 4]"))
     bundle.load()

@@ -1,6 +1,7 @@
 """No reference, object or traced value is left behind by the hot paths: the op
-handler, the annotations (with and without a session), Program.run (through
-InferenceManager.run_policy) and the core's graph and YAML code.
+handler, the annotations (with and without a session), what stop() makes plain
+again, Program.run (through InferenceManager.run_policy) and the core's graph
+and YAML code.
 
 Each runs thousands of times in a fresh interpreter (tests/leaks.py); every
 snapshot after the warm-up must equal the first exactly.  The same steps keeping
@@ -12,7 +13,7 @@ import pytest
 
 import leaks
 
-WITH_TORCH = ("program_run", "annotations", "op_handler")
+WITH_TORCH = ("program_run", "annotations", "op_handler", "stop_restores")
 
 
 @pytest.fixture(scope="module")

@@ -56,11 +56,18 @@ def test_basic_config_info_each_warning_once_no_debug_summary_visible(tmp_path):
     assert "[WARNING]" not in proc.stderr  # only the application's format
 
 
-def test_basic_config_warning_hides_the_summary(tmp_path):
+def test_basic_config_warning_keeps_the_artifacts_record_hides_progress(tmp_path):
+    """SYSTEM is upstream's 31: above WARNING, as upstream's artifacts record."""
     proc = _run(tmp_path, "logging.basicConfig(level=logging.WARNING)")
     assert proc.stderr.count(WARNING_TEXT) == 1
-    assert SUMMARY_TEXT not in proc.stderr + proc.stdout
+    assert proc.stderr.count("SYSTEM:leapp:" + SUMMARY_TEXT) == 1
     assert PROGRESS_TEXT not in proc.stderr + proc.stdout
+
+
+def test_basic_config_error_hides_the_artifacts_record(tmp_path):
+    proc = _run(tmp_path, "logging.basicConfig(level=logging.ERROR)")
+    assert SUMMARY_TEXT not in proc.stderr + proc.stdout
+    assert WARNING_TEXT not in proc.stderr
     assert "Node context initialized" not in proc.stderr
 
 
@@ -82,9 +89,11 @@ def test_unconfigured_prints_warnings_to_stderr_and_summary_to_stdout(tmp_path):
 
 def test_unconfigured_logger_level_hides_the_summary(tmp_path):
     proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.WARNING)")
-    assert SUMMARY_TEXT not in proc.stdout + proc.stderr
+    assert proc.stdout.count(SUMMARY_TEXT) == 1 and SUMMARY_TEXT not in proc.stderr
     assert PROGRESS_TEXT not in proc.stdout + proc.stderr  # the standard way to silence it
     assert proc.stderr.count(WARNING_TEXT) == 1
+    proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.ERROR)")
+    assert SUMMARY_TEXT not in proc.stdout + proc.stderr
 
 
 def test_verbose_shows_debug_once(tmp_path):

@@ -16,9 +16,10 @@ Rules (docs/api.md, "Logging"):
   to DEBUG in both cases.
 * Levels: DEBUG graph dumps, internals and third-party warnings raised while
   compiling, INFO steps, SECTION (25) section headers, PROGRESS (26) one line
-  per compiled node, SYSTEM (27) the export summary; all are below WARNING, so
-  ``basicConfig(level=logging.WARNING)`` hides them and ``level=INFO`` shows
-  them.
+  per compiled node (both below WARNING: ``basicConfig(level=logging.WARNING)``
+  hides them, ``level=INFO`` shows them), SYSTEM (31, upstream's level, above
+  WARNING) the record of the written artifacts: the application's handlers get
+  it as upstream's do, and leapp's own console prints it to stdout.
 * While compile_graph's progress bar shows (leapp's own console only, see
   leapp.compiling.progress), leapp's console lines are written through the bar, so the
   two never overwrite each other.
@@ -38,7 +39,7 @@ from typing import Callable, NoReturn, TextIO
 
 SECTION = 25
 PROGRESS = 26
-SYSTEM = 27
+SYSTEM = 31   # upstream's level: the artifacts record passes a WARNING threshold
 FATAL = logging.ERROR + 1
 logging.addLevelName(SECTION, "SECTION")
 logging.addLevelName(PROGRESS, "PROGRESS")
@@ -68,12 +69,13 @@ class _ConsoleHandler(logging.Handler):
     """leapp's own console output when the application configured none.
 
     The stream is looked up at each record (notebooks and test runners swap
-    sys.stdout / sys.stderr): WARNING and above to stderr, the rest to stdout.
+    sys.stdout / sys.stderr): WARNING and above to stderr, the rest (and SYSTEM) to stdout.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+            stream = sys.stderr if record.levelno >= logging.WARNING \
+                and record.levelno != SYSTEM else sys.stdout
             text = self.format(record)
             code = _COLOURS.get(record.levelno)
             if code and getattr(stream, "isatty", lambda: False)():

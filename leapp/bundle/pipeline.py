@@ -17,13 +17,15 @@ reader needs, which cost nothing on the tracing hot path.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
-from .dtypes import SPELLINGS
+from .dtypes import BY_NAME, SPELLINGS
 from .log import reject
-from .safe_load import BUNDLE_DOCUMENTS, parse_shape, quote
+from .safe_load import (BUNDLE_DOCUMENTS, MAX_BUNDLE_PORT_BYTES, check_port_bytes, fail,
+                        parse_shape, quote, size_text)
 from . import wiring
 from .wiring import join_key
 
@@ -236,6 +238,24 @@ class Node:
                 "parameters": thawed(self.parameters)}
 
 
+def _check_total_bytes(nodes: Mapping[str, Node]) -> None:
+    """Refuse a bundle whose declared ports together pass MAX_BUNDLE_PORT_BYTES (every
+    port is a buffer InferenceManager allocates), naming the largest ports."""
+    sizes = []
+    for node in nodes.values():
+        for port in node.inputs + node.outputs:
+            row = BY_NAME.get(SPELLINGS.get(port.dtype, ""))
+            if row is not None:
+                sizes.append((math.prod(port.shape) * row.torch.itemsize, port.key))
+    total = sum(size for size, _ in sizes)
+    if total > MAX_BUNDLE_PORT_BYTES:
+        largest = ", ".join(f"{key} {size_text(size)}" for size, key in sorted(sizes)[::-1][:3])
+        fail(f"The bundle's ports declare {size_text(total)} together, more than the "
+             f"{size_text(MAX_BUNDLE_PORT_BYTES)} a bundle may take (MAX_BUNDLE_PORT_BYTES); "
+             f"refusing to allocate them. The largest: {largest}. leapp never exports such "
+             f"ports: was the YAML edited? (docs/safety.md)")
+
+
 def _ports(value: Any, node: str, side: str) -> tuple[Port, ...]:
     """A node's ``inputs`` or ``outputs``: a list of {name, dtype, shape} mappings."""
     if not isinstance(value, list):
@@ -261,6 +281,9 @@ def _ports(value: Any, node: str, side: str) -> tuple[Port, ...]:
             dtype_name(dtype, where)  # raises: a dtype is a name
         # an unknown name is the reader's call (InferenceManager refuses it, Triton
         # names its own table): the model keeps what the YAML says
+        row = BY_NAME.get(SPELLINGS.get(dtype, ""))
+        if row is not None:
+            check_port_bytes(shape, row.name, row.torch.itemsize, node, name)
         ports.append(Port(node, name, dtype, shape, _frozen(entry)))
     return tuple(ports)
 
@@ -423,6 +446,7 @@ class Pipeline:
         if initial is not None and not isinstance(initial, str):
             reject(f"pipeline initial_values must be a file name, got {quote(initial)}")
         nodes = {name: Node.from_entry(name, entry) for name, entry in models.items()}
+        _check_total_bytes(nodes)
         edges = tuple(
             Edge(*split_key(source, "pipeline source"), *split_key(target, "pipeline target"),
                  feedback=(key == "feedback_flow"))

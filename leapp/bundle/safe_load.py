@@ -40,6 +40,12 @@ MAX_YAML_DEPTH = 64
 MAX_SHAPE_ELEMENTS = 2 ** 31
 #: Most dimensions one declared port shape may have.
 MAX_SHAPE_DIMS = 64
+#: Most bytes one declared port may take (2 GiB): InferenceManager allocates a buffer of
+#: every port's shape, and no robot policy's port comes near (a 4096-robot batch of
+#: 64x64 RGB float32 images is 200 MiB).
+MAX_PORT_BYTES = 2 ** 31
+#: Most bytes all the declared ports of one bundle may take together (8 GiB).
+MAX_BUNDLE_PORT_BYTES = 2 ** 33
 #: Largest JSON entry (model graph, payload config) read from a .pt2 archive.
 MAX_PT2_JSON_BYTES = 256 * 1024 * 1024
 
@@ -285,6 +291,28 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
         fail(f"Shape {quote(raw)} for {where} declares {numel} elements, more than the "
              f"{MAX_SHAPE_ELEMENTS} (2**31) a port may have; refusing to allocate it")
     return tuple(value)
+
+
+def size_text(nbytes: int) -> str:
+    """nbytes for a message: '8.0 GiB (8589934592 bytes)'."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"
+
+
+def check_port_bytes(shape: tuple[int, ...], dtype: str, itemsize: int, node: str,
+                     port: str) -> int:
+    """The bytes of port ``port`` of node ``node`` as declared; refuses more than
+    :data:`MAX_PORT_BYTES` before anything is allocated."""
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > MAX_PORT_BYTES:
+        fail(f"Node {quote(node)}, port {quote(port)} ({node}/{port}) declares {dtype} "
+             f"{list(shape)}: {size_text(nbytes)}, more than "
+             f"the {size_text(MAX_PORT_BYTES)} one port may take (MAX_PORT_BYTES); refusing "
+             f"to allocate it. leapp never exports such a port: was the YAML edited? "
+             f"(docs/safety.md)")
+    return nbytes
 
 
 # ---- ONNX external data ---------------------------------------------------------------

@@ -18,14 +18,19 @@ the port and the fix (docs/deploy.md lists them):
 * ``fused``: the fused model the YAML records, when there is one, matches its
   sha256 and carries the contract the YAML gives.
 
-``compile_graph`` runs the checks that read the YAML and logs what does not
-pass as warnings; it never refuses a bundle for them.
+``compile_graph`` runs the checks that read the YAML and never refuses a
+bundle for them.  What may make the export itself wrong (a feedback target
+without its initial value) is a WARNING; what only concerns deployment
+readiness (no kinds, no frequency, ...) is one INFO line with the count and
+the command that lists each finding.  A check that raises (a bug in leapp) is
+a ``fail`` finding saying what failed, and a WARNING at compile: it never turns
+the other checks off.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from ..bundle.log import logger
 
@@ -246,11 +251,41 @@ def check_boundary(model: Any) -> list[Finding]:
     return findings
 
 
+#: Finding checks whose failure may make the export itself wrong (not only unready to
+#: deploy): compile_graph logs them at WARNING.
+EXPORT_CHECKS = frozenset({"initial_values"})
+#: The message of a check that raised: leapp's own bug, never the user's bundle.
+CHECK_ERROR = "the check itself failed"
+
+
+def _guarded(check: str, run: Callable[[], list[Finding]]) -> list[Finding]:
+    """run()'s findings, or one fail finding saying how the check failed (never hidden)."""
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001  (reported as a finding and, at compile, a warning)
+        return [Finding(check, FAIL, f"{CHECK_ERROR}: {type(exc).__name__}: {exc}",
+                        fix="a bug in leapp's deploy checks: report it with the bundle; the "
+                            "other checks still ran")]
+
+
 def yaml_checks(model: Any, bundle_dir: str | None) -> list[Finding]:
-    """The checks that need the YAML (and the initial values file) only."""
-    return (check_kinds(model) + check_element_names(model) + check_claims(model)
-            + check_initial_values(model, bundle_dir) + check_frequency(model)
-            + check_boundary(model))
+    """The checks that need the YAML (and the initial values file) only.
+
+    Each check runs on its own: one that raises gives a fail finding naming
+    the error, and the others still run.
+    """
+    runs: list[tuple[str, Callable[[], list[Finding]]]] = [
+        ("kind", lambda: check_kinds(model)),
+        ("element_names", lambda: check_element_names(model)),
+        ("claims", lambda: check_claims(model)),
+        ("initial_values", lambda: check_initial_values(model, bundle_dir)),
+        ("frequency", lambda: check_frequency(model)),
+        ("boundary", lambda: check_boundary(model)),
+    ]
+    findings: list[Finding] = []
+    for check, run in runs:
+        findings += _guarded(check, run)
+    return findings
 
 
 # ---- the checks that read the model files ---------------------------------------------------
@@ -369,8 +404,8 @@ def check_bundle(yaml_path: str) -> list[Finding]:
         initial = initial_values(model, bundle_dir)
     except Exception:  # noqa: BLE001  (reported by check_initial_values)
         initial = {}
-    return findings + check_models(model, yaml_path, initial) + check_fused(model, yaml_path,
-                                                                             initial)
+    return (findings + _guarded("model", lambda: check_models(model, yaml_path, initial))
+            + _guarded("fused", lambda: check_fused(model, yaml_path, initial)))
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -396,24 +431,40 @@ def report(findings: list[Finding], out: TextIO) -> dict[str, int]:
     return total
 
 
-def log_compile(model: Any, bundle_dir: str | None) -> None:
-    """compile_graph: what the YAML checks do not pass, as warnings (one per check and
-    message: graph inputs and outputs without a kind are two lines)."""
+def log_compile(model: Any, bundle_dir: str | None, bundle: str | None = None) -> None:
+    """compile_graph's word on the YAML checks (bundle: the directory to name).
+
+    What may make the export wrong (EXPORT_CHECKS) and checks that failed
+    inside leapp are WARNINGs, one per check and message; the findings about
+    deployment readiness are one INFO line with their count and the command
+    that lists each.
+    """
     try:
         findings = yaml_checks(model, bundle_dir)
     except Exception as exc:  # noqa: BLE001  (the checks never stop a compile)
-        logger.debug("Deploy checks skipped: %s: %s", type(exc).__name__, exc)
+        logger.warning("Deploy checks failed inside leapp and were not run: %s: %s. Run "
+                       "`leapp check --deploy %s` to see which.", type(exc).__name__, exc,
+                       bundle or "<bundle>")
         return
     by_check: dict[tuple[str, str], list[Finding]] = {}
+    readiness: dict[str, int] = {}
     for finding in findings:
-        if finding.status != PASS:
+        if finding.status == PASS:
+            continue
+        if finding.check in EXPORT_CHECKS or finding.message.startswith(CHECK_ERROR):
             by_check.setdefault((finding.check, finding.message), []).append(finding)
+        else:
+            readiness[finding.check] = readiness.get(finding.check, 0) + 1
     for (check, _), found in by_check.items():
         places = ", ".join(f.where for f in found[:6]) + (", ..." if len(found) > 6 else "")
         first = found[0]
-        logger.warning("Deploy check '%s': %d finding(s) (%s): %s. Fix: %s. "
-                       "`leapp check --deploy` lists each.", check, len(found), places,
-                       first.message, first.fix)
+        logger.warning("Deploy check '%s': %d finding(s) (%s): %s. Fix: %s.", check,
+                       len(found), places, first.message, first.fix)
+    if readiness:
+        total = sum(readiness.values())
+        which = ", ".join(f"{check} {count}" for check, count in readiness.items())
+        logger.info("Deploy readiness: %d finding(s) (%s); `leapp check --deploy %s` lists "
+                    "each with its fix.", total, which, bundle or "<bundle>")
 
 
 def run_cli(yaml_path: str, out: TextIO) -> int:

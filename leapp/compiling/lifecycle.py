@@ -17,7 +17,7 @@ from ..bundle import log as _logging
 from ..bundle.digest import file_digests
 from ..bundle.log import fatal, logger, section
 from .progress import NO_MODEL, CompileProgress, third_party_to_log
-from ..tracing.session import check_session_thread, info
+from ..tracing.session import API, check_session_thread, info
 from ..tracing.state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
@@ -109,6 +109,7 @@ def start(name: str, save_path: str = ".", verbose: bool = False, dry_run: bool 
 
 def _teardown_session() -> None:
     """Put back module buffers and patched functions; tracing off; traced tensors plain."""
+    API.close_tails()  # states whose late update never came stay regular inputs
     _core.set_tracing(False)
     for node in _core.nodes().values():
         for tracker in info(node).trackers:
@@ -197,8 +198,9 @@ def _export_nodes(nodes: list, work_dir: str, cache: _incremental.Cache,
                                          [p.name for p in node.inputs],
                                          [p.name for p in node.outputs], work_dir, context)
                     cache.remember(node, key, result, notes)
-        except Exception as exc:
-            fatal(f"Error compiling model {node.name}: {exc}", type(exc), cause=exc)
+        except Exception as exc:  # one clear error, with the backends that do export it
+            from .backend_survey import export_failed
+            export_failed(node, exc)
         result.seconds = time.perf_counter() - started
         exported[node.name] = result
         progress.exported(node.name, _backend_label(node_info.export_with, result),
@@ -346,7 +348,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     with open(os.path.join(staging, f"{cfg.graph_name}.yaml"), "w", encoding="utf-8") as handle:
         handle.write(model.to_yaml())
     from .deploy_check import log_compile
-    log_compile(model, None if skip_export else staging)
+    log_compile(model, None if skip_export else staging, bundle)
     if visualize:
         _visualize(staging, bundle, cfg.graph_name, model)
     written = os.listdir(staging)
@@ -411,6 +413,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     committed = False
     results: dict = {}
     failure = None
+    closed = None
     progress = CompileProgress(
         graph, [] if skip_export else [n.name for n in nodes if n.name not in cfg.non_traced],
         validate=validate, quiet=verbose is False,
@@ -432,16 +435,23 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                 if validate and not skip_export:
                     with intra_op_threads(validation_threads(staging, [
                             r.path for r in exported.values() if r.external and r.path])):
+                        random_ops = {n.name: info(n).random_ops for n in nodes
+                                      if n.name in exported and info(n).random_ops}
                         results, failure = run_validation(
-                            entries, rtol, atol, observer=progress,
-                            random_ops={n.name: info(n).random_ops for n in nodes
-                                        if n.name in exported and info(n).random_ops})
+                            entries, rtol, atol, observer=progress, random_ops=random_ops)
+                        if failure is None:
+                            closed = _closed_loop(staging, graph, entries, nodes, random_ops,
+                                                  rtol, atol, exported)
+                            if not closed.passed:
+                                results[closed.node] = False
+                                failure = f"Closed-loop validation failed: {closed.difference}"
                     if strict and failure is not None:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
             if fuse and not skip_export:
                 _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
-            _log_artifacts(cfg, bundle, nodes, exported, models)
+            if not skip_export:  # as upstream: a dry run writes no artifacts record
+                _log_artifacts(cfg, bundle, nodes, exported, models)
             _logging.snapshot(os.path.join(staging, "log.txt"))
             if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
                 from ..view import write_staged
@@ -470,6 +480,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     for _, model, _, _ in entries:
         if isinstance(model, SavedModel):
             model.yaml_dir = bundle  # the committed files
+            model.release()
     SESSION.record_compile(models=models, pipeline=pipeline.pipeline_section(),
                            entries=None if skip_export or validate else entries)
     if skip_export or not validate:
@@ -479,7 +490,17 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     from .result import compile_result
     return compile_result(results, cfg.graph_name, cfg.save_dir, models,
                           {name: e.seconds for name, e in exported.items()}, visualize,
-                          reused)
+                          reused, closed.summary() if closed is not None else None)
+
+
+def _closed_loop(staging: str, graph: str, entries: list, nodes: list, random_ops: dict,
+                 rtol: float, atol: float, exported: dict) -> Any:
+    """The staged bundle replayed over the traced steps (leapp.compiling.closed_loop)."""
+    from .closed_loop import run_closed_loop
+    return run_closed_loop(os.path.join(staging, f"{graph}.yaml"), entries,
+                           {n.name: info(n).passes for n in nodes if n.name in exported},
+                           random_ops, rtol, atol,
+                           any(e.external for e in exported.values()))
 
 
 def _visualize(work_dir: str, bundle: str, graph: str, model: Pipeline) -> None:

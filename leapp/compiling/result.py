@@ -28,13 +28,16 @@ class CompileResult(dict):
     ``_repr_html_`` and ``_repr_png_``.  Extra attributes: ``graph`` (the graph
     name), ``bundle`` (the bundle directory), ``nodes`` (the rows, as dicts)
     ``png`` (the picture's bytes, or None) and ``view`` (the interactive view's
-    page, ``<graph>.html``, shown inline in place of the picture; or None).
+    page, ``<graph>.html``, shown inline in place of the picture; or None) and
+    ``closed_loop`` (the whole bundle replayed over the traced steps: a dict with
+    ``steps``, ``passed``, ``difference``, ``breaks`` and ``skipped``; or None).
     """
 
     def __init__(self, results: dict, graph: str = "", bundle: str = "",
                  nodes: list | None = None, png: bytes | None = None,
-                 view: str | None = None) -> None:
+                 view: str | None = None, closed_loop: dict | None = None) -> None:
         super().__init__(results)
+        self.closed_loop = closed_loop
         self.graph = graph
         self.bundle = bundle
         self.nodes = list(nodes or [])
@@ -77,6 +80,13 @@ class CompileResult(dict):
             picture = (f'<img src="data:image/png;base64,{data}" '
                        f'alt="{esc(self.graph)} pipeline" style="max-width:100%"/>')
         status = "all nodes passed validation" if self.passed else "validation failed"
+        loop = self.closed_loop
+        if loop and loop.get("skipped"):
+            status += f" &middot; closed loop not run: {esc(loop['skipped'])}"
+        elif loop and loop.get("passed"):
+            status += f" &middot; closed loop: {loop['steps']} step(s) reproduced"
+        elif loop:
+            status += f" &middot; <b>{esc(str(loop.get('difference')))}</b>"
         return (f'<div class="leapp-compile-result"><p><b>{esc(self.graph)}</b>: '
                 f"{len(self)} node(s), {status} &middot; <code>{esc(self.bundle)}</code></p>"
                 f"{picture}"
@@ -86,7 +96,8 @@ class CompileResult(dict):
 
 
 def compile_result(results: dict, graph: str, bundle: str, models: dict, seconds: dict,
-                   picture: bool = True, reused: set | None = None) -> CompileResult:
+                   picture: bool = True, reused: set | None = None,
+                   closed_loop: dict | None = None) -> CompileResult:
     """The CompileResult of one compile: rows from the YAML models, the bundle's PNG.
 
     reused: the nodes whose file came unchanged from the previous compile.
@@ -108,4 +119,4 @@ def compile_result(results: dict, graph: str, bundle: str, models: dict, seconds
     except OSError:
         pass  # visualize=False, or the drawing failed (already logged)
     return CompileResult(results, graph=graph, bundle=os.path.abspath(bundle), nodes=rows,
-                         png=png, view=view)
+                         png=png, view=view, closed_loop=closed_loop)

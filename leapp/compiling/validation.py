@@ -48,11 +48,23 @@ class SavedModel:
         self.description = description
         self.yaml_dir = yaml_dir
         self.allow_external = allow_external
+        self._loaded: Any = None
+
+    def loaded(self) -> Any:
+        """The model as load_node loads it, once: the node checks and the
+        closed-loop replay run the same loaded file."""
+        if self._loaded is None:
+            self._loaded = load_node(Node.from_entry(self.name, self.description),
+                                     self.yaml_dir, allow_external_paths=self.allow_external)
+        return self._loaded
+
+    def release(self) -> None:
+        """Drop the loaded model (its file may move: the bundle's commit)."""
+        self._loaded = None
 
     def load(self) -> tuple[Callable[..., Any], str]:
         """(the loaded model's call, its device)."""
-        loaded = load_node(Node.from_entry(self.name, self.description), self.yaml_dir,
-                           allow_external_paths=self.allow_external)
+        loaded = self.loaded()
         return loaded.call, loaded.device
 
     def __repr__(self) -> str:

@@ -50,7 +50,7 @@ class InferenceNode:
     """
 
     def __init__(self, name: str, description: Mapping[str, Any] | Node, yaml_dir: str,
-                 allow_external_paths: bool = False) -> None:
+                 allow_external_paths: bool = False, loaded: Any = None) -> None:
         spec = description if isinstance(description, Node) \
             else Node.from_entry(name, description)
         self.name = name
@@ -64,7 +64,8 @@ class InferenceNode:
         self.input_dtypes = [p.torch_dtype for p in spec.inputs]
         self.output_shapes = [p.shape for p in spec.outputs]
         self.output_dtypes = [p.torch_dtype for p in spec.outputs]
-        loaded = load_node(spec, yaml_dir, allow_external_paths)
+        if loaded is None:  # else: this node's file, already loaded by load_node
+            loaded = load_node(spec, yaml_dir, allow_external_paths)
         self.backend: str = spec.backend
         self.model_path: str = loaded.path
         self.model, self.call, self.device = loaded.model, loaded.call, loaded.device
@@ -172,7 +173,7 @@ class InferenceManager:
     """
 
     def __init__(self, yaml_path: str, allow_external_paths: bool = False, *,
-                 strict: bool = False) -> None:
+                 strict: bool = False, loaded: Mapping[str, Any] | None = None) -> None:
         yaml_path = os.fspath(yaml_path)
         if not os.path.exists(yaml_path):
             fatal(f"Leapp description file not found at {clip(yaml_path)}", FileNotFoundError)
@@ -186,8 +187,11 @@ class InferenceManager:
         # node calls release the GIL inside torch and onnxruntime
         self._lock = threading.Lock()
         self._load_description()
+        # loaded: {node: its model as load_node loaded it from this bundle}, so
+        # that compile_graph's closed-loop check runs the files it has checked
         self.nodes: dict[str, InferenceNode] = {
-            name: InferenceNode(name, spec, self._yaml_dir, self._allow_external_paths)
+            name: InferenceNode(name, spec, self._yaml_dir, self._allow_external_paths,
+                                (loaded or {}).get(name))
             for name, spec in self.graph.nodes.items()}
         #: graph inputs whose absence run_policy still reports: not warned
         #: about yet (or ``strict``) and not set with set_input_value

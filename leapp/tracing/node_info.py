@@ -33,6 +33,12 @@ class NodeInfo:
     reentry_of: Any = None                              # of a shadow: the node it re-traces
     guard_counts: dict = field(default_factory=dict)    # of a shadow: (file, line) -> count
     random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
+    # Declared states whose update_state comes after output_tensors (or in the
+    # node's next call): pass 1's still unbound (the node is in its tail), and
+    # all of them, for the later passes' samples.
+    late_states: set = field(default_factory=set)
+    late_bound: tuple = ()
+    awaiting: dict | None = None                        # a later pass's sample, until late updates
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""

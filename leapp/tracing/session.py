@@ -309,6 +309,17 @@ class SessionAPI(NodeOutputs, DeclaredState):
             # A dangling input now fed by a published value: inferred feedback.
             port.src_node, port.src_port = carrier.node, carrier.port
         self._cache(node, port, leaf.value)
+        cfg = SESSION.config
+        if cfg is not None and cfg.dry_run:
+            # As upstream's dry run: the caller's tensor itself comes back a
+            # TracedTensor of this input (of a finished node: its ops run eagerly and
+            # give plain tensors); stop() makes it plain again (release_traced).  A
+            # published value keeps its own carrier: the plain alias as before.
+            if type(leaf.value) is torch.Tensor:
+                _core.set_carrier(leaf.value, node, port.vid, None, True)
+                return leaf.value
+            if carrier is not None and carrier.port is None and not carrier.active:
+                return leaf.value
         return plain(leaf.value)
 
     # ---- their own modules: provenance (_mirror), @annotate.method (_method) ----

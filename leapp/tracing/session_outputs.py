@@ -15,12 +15,13 @@ from .fx import build_graph_module
 from .buffers import BufferTracker
 from ..bundle.log import fatal, logger
 from .node_info import info
+from .origins import call_site
 from .payload import Leaf, flatten, normalize, rebuild
 from .state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import describe, is_tensor, tensor_leaf
+from .session_checks import DERIVED, describe, is_tensor, tensor_leaf
 
 
 class NodeOutputs:
@@ -136,13 +137,16 @@ class NodeOutputs:
                            "the state port carries the static value.", leaf.name, node.name)
             previous.vid, previous.value = vid, clone_plain(leaf.value)
         node.add_outputs(list(outputs.values()))
-        self._prune(node)
+        late = node_info.late_states
+        if not late:  # with late states, the node's graph waits for their updates
+            self._prune(node)
         for tracker in node_info.trackers:
             tracker.restore()
         node_info.export_with = None if skip else export_with
         node_info.backend_params = dict(backend_params)
-        node_info.graph_module = build_graph_module(
-            node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
+        if not late:
+            node_info.graph_module = build_graph_module(
+                node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
         for leaf in leaves:
             carrier = _core.carrier_of(leaf.value)
             if leaf.name in shadowed:  # replaced by the state update of the same name
@@ -156,6 +160,10 @@ class NodeOutputs:
                 carrier.port = name
             _core.remember(value)
         node.finish()
+        if late:
+            # Their update_state comes later (after an environment step, say):
+            # ops on the node's internal values keep being recorded until then.
+            node.open_tail()
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
         dtype, shape = describe(leaf.value)
@@ -166,16 +174,15 @@ class NodeOutputs:
 
         A state named like a regular output replaces it in place, keeping the
         regular output's semantics; returns the names replaced that way.
-        Declared states never updated stay regular inputs.
+        Declared states not updated yet are left for update_state after
+        output_tensors (node_info.late_states: the node's tail).
         """
         node_info = info(node)
         shadowed: set[str] = set()
         for name, port in node_info.states.items():
             value = node_info.state_updates.get(name)
             if value is None:
-                logger.warning("State '%s' of node '%s' was declared but never passed to "
-                               "update_state(); it stays a regular input.", name, node.name)
-                port.is_state = 0
+                node_info.late_states.add(name)
                 continue
             previous = outputs.get(name)
             semantics = port.semantics
@@ -240,13 +247,65 @@ class NodeOutputs:
             port = self._find_port(node, leaf.name, outputs=True)
             self._check_same(node, port, leaf)
             self._cache(node, port, leaf.value)
+        missing = {name for name in node_info.late_bound if name not in resolved}
         node_info.state_updates = {}
+        if missing:  # this pass's sample is complete once update_state binds them
+            node_info.awaiting = {"sample": node_info.pending, "missing": missing}
+        else:
+            self._commit_sample(node, node_info.pending)
+        node_info.pending = {}
+
+    def _commit_sample(self, node: _core.Node, sample: dict) -> None:
+        """Append one later pass's cached values to the ports' samples."""
+        node_info = info(node)
         cfg = SESSION.config
-        if node_info.pending and cfg is not None and node_info.samples < cfg.max_cached_io - 1:
-            for port, value in node_info.pending.values():
+        if sample and cfg is not None and node_info.samples < cfg.max_cached_io - 1:
+            for port, value in sample.values():
                 port.samples.append(value)
             node_info.samples += 1
-        node_info.pending = {}
+
+    def close_tail(self, node: _core.Node) -> None:
+        """Bind the states updated after output_tensors as feedback and build the
+        node's graph; a declared state never updated stays a regular input."""
+        node_info = info(node)
+        late, node_info.late_states = node_info.late_states, set()
+        added, bound = [], []
+        for name, port in node_info.states.items():
+            if name not in late:
+                continue
+            value = node_info.state_updates.pop(name, None)
+            if value is None:
+                logger.warning("State '%s' of node '%s' was declared but never passed to "
+                               "update_state(); it stays a regular input. Call "
+                               "annotate.update_state('%s', {'%s': new_value}) in each call "
+                               "of the node, or declare it with annotate.input_tensors.",
+                               name, node.name, node.name, name)
+                port.is_state = 0
+                continue
+            out = self._output_port(Leaf(name, value, port.semantics, (name,)),
+                                    _core.carrier_of(value).vid)
+            out.is_state = 1
+            added.append(out)
+            bound.append((name, value))
+            port.src_node, port.src_port = node, name
+        node.add_outputs(added)
+        node_info.late_bound = tuple(name for name, _ in bound)
+        self._prune(node)
+        node_info.graph_module = build_graph_module(
+            node, node_info.live_ops, list(node.inputs), [p.vid for p in node.outputs])
+        for name, value in bound:
+            carrier = _core.carrier_of(value)
+            if carrier.port is None:
+                carrier.port = name
+            _core.remember(value)
+        node.close_tail()
+
+    def close_tails(self) -> None:
+        """End every node's tail (stop(): updates that never came)."""
+        for node in _core.nodes().values():
+            if node.in_tail:
+                self.close_tail(node)
+            info(node).awaiting = None
 
 
 class DeclaredState:
@@ -284,6 +343,8 @@ class DeclaredState:
                 node_info.states[leaf.name] = node.inputs[-1]
                 replaced[leaf.path] = _numpy.wrap(traced) if array else traced
             return rebuild(values, replaced)
+        if node.in_tail:  # the next call began before its late updates: they never came
+            self.close_tail(node)
         return self._declare(node, values, fields, state=True)
 
     def update_state(self, node_name: str, tensors: Any) -> Any:
@@ -298,18 +359,80 @@ class DeclaredState:
                 value = _numpy.as_payload_tensor(value)
             port = node_info.states.get(name)
             if port is None:
+                # upstream's words first, then the node and the fix
                 fatal(f"Error: update_state called for '{name}' but it was not registered as a "
-                      f"state tensor of node '{node_name}'. Declare it first with "
-                      f"annotate.state_tensors('{node_name}', {{'{name}': initial}}).")
+                      f"state tensor. Call state_tensors() first. Node '{node_name}' has no "
+                      f"state '{name}': declare it with annotate.state_tensors('{node_name}', "
+                      f"{{'{name}': initial}}) before updating it.")
             if node.is_tracing:
                 self._check_outputs("update_state", node, [Leaf(name, value, None, (name,))])
+            elif node.in_tail and name in node_info.late_states:
+                self._check_late_update(node, name, value)
+            elif not node.is_tracing and not self._is_feedback(node, name):
+                self._refuse_untied(node, name)
             dtype, shape = describe(value)
             if dtype != port.dtype or shape != tuple(port.shape):
                 fatal(f"Error: update_state for '{name}' of node '{node_name}' has shape "
                       f"{list(shape)} and dtype {dtype} but expected shape {list(port.shape)} "
                       f"and dtype {port.dtype}.")
+            if not node.is_tracing and not node.in_tail and node_info.awaiting is not None \
+                    and name in node_info.awaiting["missing"]:
+                self._complete_sample(node, name, value)
+                continue
             node_info.state_updates[name] = value
+        if node.in_tail and not node_info.late_states - set(node_info.state_updates):
+            self.close_tail(node)
         return rebuild(values, {})
+
+    @staticmethod
+    def _is_feedback(node: _core.Node, name: str) -> bool:
+        return any(port.name == name and port.is_state for port in node.outputs)
+
+    def _check_late_update(self, node: _core.Node, name: str, value: Any) -> None:
+        """A state updated after output_tensors must be computed from the node's own
+        traced values (its tail); anything else cannot be tied to the call."""
+        carrier = _core.carrier_of(value)
+        if carrier is not None and carrier.node is node:
+            return
+        file, line = call_site()
+        tag = getattr(value, "__dict__", {}).get(DERIVED) if carrier is None else None
+        if carrier is not None:
+            origin = f"a value of node '{carrier.node.name}'"
+        elif isinstance(tag, tuple) and len(tag) == 3 and tag[0] == node.name:
+            origin = (f"a value computed by '{tag[2]}' from its published output '{tag[1]}' "
+                      f"(published values are constants once output_tensors has run; "
+                      f"use the value the model returned, before it was published)")
+        else:
+            origin = "a value computed outside the node's traced ops"
+
+        fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
+              f"comes after the node's output_tensors and receives {origin}: the update "
+              f"cannot be tied to the call that declared the state, so the exported state "
+              f"would never advance. Compute the new state from the node's values (the "
+              f"tensors its model returned), or call update_state before the environment "
+              f"step (before annotate.output_tensors('{node.name}', ...)).")
+
+    def _refuse_untied(self, node: _core.Node, name: str) -> None:
+        file, line = call_site()
+        fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
+              f"cannot be tied to the call that declared the state: the node's next call "
+              f"already declared its state (or the first pass ended) without this update, so "
+              f"'{name}' is a regular input of the exported node and would never advance. Call "
+              f"update_state before the environment step (before "
+              f"annotate.output_tensors('{node.name}', ...)), or at the latest before the "
+              f"node's next annotate.state_tensors call.")
+
+    def _complete_sample(self, node: _core.Node, name: str, value: Any) -> None:
+        """A later pass's late update: the last values of that pass's sample."""
+        node_info = info(node)
+        awaiting = node_info.awaiting
+        port = self._find_port(node, name, outputs=True)
+        self._check_same(node, port, Leaf(name, value, None, (name,)))
+        awaiting["sample"][id(port)] = (port, clone_plain(value))
+        awaiting["missing"].discard(name)
+        if not awaiting["missing"]:
+            node_info.awaiting = None
+            self._commit_sample(node, awaiting["sample"])
 
     def register_buffer(self, node_name: str, tensors: Any) -> Any:
         """Persistent tensors of the node that traced code may write in place."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 
@@ -51,6 +52,27 @@ def test_build_pipeline_forward_feedback_and_io(core):
                                    "dangling_outputs": 1, "internal_connections": 2,
                                    "total_edges": 4}
     assert ("info", "Found connection: a/y  -> b/y") in built["messages"]
+
+
+def test_renames_apply_and_a_dropped_input_takes_no_part(core):
+    a = finished_node(core, "a", inputs=["x"], outputs=["y"], index=0)
+    b = finished_node(core, "b", inputs=["y", "extra"], index=1)
+    wire(b, "y", a, "y")
+    built = core.build_pipeline([a, b], {"b/extra": None, "a/x": "obs"}, {"a/y": "act"})
+    assert built["data_flow"] == {"a/act": ["b/y"]}
+    assert built["inputs"] == {"a": ["obs"]}
+
+
+def test_an_output_renamed_to_none_is_a_type_error(core):
+    # None used to reach PyUnicode_FromFormat("%U") as the output's name
+    # (undefined behaviour: garbage text or a crash).
+    a = finished_node(core, "a", outputs=["y"], index=0)
+    b = finished_node(core, "b", inputs=["y"], index=1)
+    wire(b, "y", a, "y")
+    for nodes in ([a, b], [a]):  # an edge's source, and a dangling output
+        with pytest.raises(TypeError, match=r"new name of a/y must be a str \(an output "
+                                            r"cannot be dropped\), got NoneType"):
+            core.build_pipeline(nodes, None, {"a/y": None})
 
 
 def test_self_loop_is_feedback(core):
@@ -146,3 +168,35 @@ def test_self_referencing_containers_do_not_crash(core):
 
 # Reference counts of these entry points (and of the heap types they create)
 # are checked exactly by tests/test_leaks.py (scenario graph_and_yaml).
+
+
+def test_ref_hash_of_the_largest_index_does_not_overflow(core):
+    # index * 2 overflowed a signed integer (undefined behaviour; the sanitizer
+    # build, `make test-asan`, aborts on it).
+    big = core.value_ref(sys.maxsize)
+    assert hash(big) == hash(core.value_ref(sys.maxsize)) and big == core.value_ref(sys.maxsize)
+    assert hash(big) != -1
+    assert {core.value_ref(i) for i in (0, 1, sys.maxsize // 2, sys.maxsize)} == \
+        {core.value_ref(i) for i in (sys.maxsize, sys.maxsize // 2, 1, 0)}
+
+
+class _Dtype:
+    """A dtype-like object of another library: its str has no "torch." prefix."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+class _HasDtype:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+def test_dtype_name_strips_only_a_torch_prefix(core):
+    assert core.dtype_name(_HasDtype(_Dtype("torch.float32"))) == "float32"
+    assert core.dtype_name(_HasDtype(_Dtype("float32"))) == "float32"  # gave "2"
+    assert core.dtype_name(_HasDtype(_Dtype("int8"))) == "int8"
+    assert core.dtype_name(_HasDtype(_Dtype("torchy.bool_"))) == "torchy.bool_"

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from ...bundle.log import logger
+from ..export_errors import exporter_call
 from . import ExportContext, Exported, prepare_inputs, save_via_memory
 
 # Deepest inline chain accepted: well under the ~11,000 at which an 8 MiB stack
@@ -59,7 +60,7 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     """Script or trace the node's GraphModule and save <node>.pt (frozen)."""
     inputs = prepare_inputs(example_inputs)
     module = module.eval()
-    with torchscript_enabled():
+    with torchscript_enabled(), exporter_call(node, name, module):
         if name == "jit-trace":
             # torch.jit.trace's check_trace runs the traced graph in the interpreter:
             # measure it first, unchecked, and trace again with the checks only then.

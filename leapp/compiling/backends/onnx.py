@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import export_caches as _export_caches
+from ..export_errors import exporter_call
 from ...bundle.log import logger
 from . import ExportContext, Exported, prepare_inputs
 
@@ -86,16 +87,19 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     opset = default_opset() if opset is None else int(opset)
     fallback = None
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
-        if name == "onnx-dynamo":
+        proto = None
+        if name == "onnx-dynamo":  # leapp's writer first; torch's exporter when it refuses
             proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
                                      params)
-            if proto is None:
-                proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
-                                       params, context.verbose)
-        else:
-            proto = _export_torchscript(module, inputs, input_names, output_names, opset,
-                                        params, os.path.join(tmp, "model.onnx"),
-                                        context.verbose)
+        if proto is None:
+            with exporter_call(node, name, module):  # torch's output to log.txt, one clear error
+                if name == "onnx-dynamo":
+                    proto = _export_dynamo(node, module, inputs, input_names, output_names,
+                                           opset, params, context.verbose)
+                else:
+                    proto = _export_torchscript(module, inputs, input_names, output_names,
+                                                opset, params, os.path.join(tmp, "model.onnx"),
+                                                context.verbose)
         dropped = _sync_inputs(node, proto, input_names)
         _sync_outputs(node, proto, output_names)
         path = os.path.join(out_dir, f"{node}.onnx")

@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from ..export_errors import exporter_call
 from . import ExportContext, Exported, prepare_inputs, save_via_memory
 
 
@@ -14,7 +15,8 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     """torch.export the node's GraphModule (static shapes) and save <node>.pt2."""
     inputs = tuple(prepare_inputs(example_inputs))
     kwargs = {"strict": bool(params["strict"])} if params.get("strict") is not None else {}
-    program = torch.export.export(module.eval(), inputs, **kwargs)
+    with exporter_call(node, name, module):
+        program = torch.export.export(module.eval(), inputs, **kwargs)
     path = os.path.join(out_dir, f"{node}.pt2")
     save_via_memory(lambda handle: torch.export.save(program, handle), path)
     return Exported(model=program.module(), path=path, yaml_backend="pt2",
