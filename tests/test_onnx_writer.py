@@ -407,7 +407,9 @@ SHAPES = {
     "expand_repeat": (lambda x: {"expand": x[:, :1].expand(2, 3, 4), "expand_neg": x[..., :1].expand(-1, -1, 5),
                                  "expand_as": x[:1].expand_as(x), "repeat": x.repeat(1, 2, 1),
                                  "repeat_more": x.repeat(2, 1, 1, 1), "tile": x.tile((2,)),
-                                 "broadcast": torch.broadcast_to(x[0, 0], (3, 4))},
+                                 "broadcast": torch.broadcast_to(x[0, 0], (3, 4)),
+                                 "tensors0": torch.broadcast_tensors(x[0, :, :1], x[1, 0])[0],
+                                 "tensors1": torch.broadcast_tensors(x[0, :, :1], x[1, 0])[1]},
                       [f(2, 3, 4)]),
     "flip_roll": (lambda x: {"flip": torch.flip(x, dims=[2]), "flip2": x.flip(0, -1),
                              "roll": x.roll(1, dims=1), "roll_neg": torch.roll(x, -2, 2),
@@ -904,3 +906,14 @@ def test_rsl_rl_exports_need_no_fallback(tmp_path, memory):
     for name in ("actor", "critic"):
         model = onnx.load(os.path.join(os.path.dirname(yaml_path), f"{name}.onnx"))
         assert model.producer_name == "leapp"
+
+
+def test_rl_games_export_needs_no_fallback(tmp_path):
+    """rl_games' LSTM player (tests/test_client_exports.py) through the onnx backend: its
+    torch.distributions calls (broadcast_tensors) and LSTM are written by the writer."""
+    pytest.importorskip("rl_games")
+    import test_client_exports
+    path = test_client_exports.export_rl_games(str(tmp_path), "onnx")
+    bundle = path if os.path.isdir(path) else os.path.dirname(path)
+    with open(os.path.join(bundle, "log.txt"), encoding="utf-8") as handle:
+        assert FALLBACK not in handle.read()

@@ -565,3 +565,20 @@ def pad(call: Call) -> str:
     if onnx_mode == "constant":
         inputs.append(operand(call, 0.0 if value is None else value, x.dtype))
     return e.op("Pad", inputs, mode=onnx_mode)
+
+
+@rule("broadcast_tensors")
+def broadcast_tensors(call: Call) -> list[str]:
+    """Each tensor expanded to the common shape (torch.distributions' broadcast_all)."""
+    e = call.e
+    tensors = list(call.args[0]) if len(call.args) == 1 and isinstance(call.args[0], (list, tuple)) \
+        else list(call.args)
+    results = []
+    for t, out in zip(tensors, call.out):
+        if not isinstance(t, Value):
+            raise call.refuse("a non-tensor argument")
+        if t.shape == tuple(out.shape):
+            results.append(e.op("Identity", [t.name]))
+        else:
+            results.append(e.op("Expand", [t.name, e.ints(out.shape)]))
+    return results
