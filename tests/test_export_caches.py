@@ -67,6 +67,7 @@ def _compile(root: str, graph: str, tested: frozenset | None) -> tuple[dict, int
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counter))
         mp.delenv("LEAPP_NO_EXPORT_CACHE", raising=False)
+        mp.setenv("LEAPP_ONNX_WRITER", "torch")  # these caches serve torch's exporter only
         if tested is not None:
             mp.setattr(_export_caches, "TESTED_TORCH", tested)
         result = _trace_and_compile(root, graph)

@@ -241,7 +241,11 @@ def key_of(node: Any, export_with: str | None, params: dict | None,
     backend = canonical(node.name, export_with)
     if backend is None:
         return None
-    return node_key(node, backend, dict(params or {}), module)
+    params = dict(params or {})
+    if backend == "onnx-dynamo":  # leapp's writer or torch's exporter make different files
+        from .onnx_writer import enabled
+        params["(onnx writer)"] = enabled()
+    return node_key(node, backend, params, module)
 
 
 # ---- the manifest -------------------------------------------------------------------------------

@@ -163,7 +163,9 @@ def _backend_label(export_with: str | None, result: Any) -> str:
     """The backend a progress line names: canonical, or what a bring-your-own file is."""
     from .backends import CANONICAL
     if export_with is not None:
-        return CANONICAL.get(export_with, str(export_with))
+        label = CANONICAL.get(export_with, str(export_with))
+        fallback = getattr(result, "fallback", None)
+        return f"{label} (torch's exporter: {fallback})" if fallback else label
     return f"own {result.yaml_backend} file" if result.path else NO_MODEL
 
 

@@ -52,6 +52,8 @@ class Exported:
     dropped_inputs: list[str] = field(default_factory=list)
     seconds: float | None = None  # export time, shown by compile_graph()'s result
     external: bool = False  # path lies outside the bundle by the user's choice (BYOM)
+    #: why leapp's ONNX writer sent this node to torch's exporter (None: it did not)
+    fallback: str | None = None
 
 
 def export_node(node: str, export_with: str | None, backend_params: dict | None,

@@ -1,4 +1,11 @@
-"""ONNX backends: onnx-dynamo (torch.onnx.export(dynamo=True)) and onnx-torchscript.
+"""ONNX backends: onnx-dynamo (leapp's ONNX writer, else torch.onnx.export(dynamo=True))
+and onnx-torchscript.
+
+For onnx-dynamo (and `onnx`) the node's graph is written by
+leapp.compiling.onnx_writer; a node with a call the writer has no rule for goes
+through torch's dynamo exporter, and the warning, log.txt and the compile
+summary name the call.  LEAPP_ONNX_WRITER=torch sends every node to torch's
+exporter.
 
 The ONNX graph's input and output names are the node's YAML port names, in
 YAML order.  A name that is both an input and an output of the node (a state
@@ -27,7 +34,23 @@ EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
 
 
 def default_opset() -> int:
-    """The opset torch exports by default (and that the YAML records)."""
+    """The opset torch exports by default (and that the YAML records).
+
+    Read from torch/onnx/_constants.py's text when torch.onnx is not imported yet:
+    importing it loads part of torch's exporter, which a node the ONNX writer
+    writes never needs."""
+    import sys
+    if "torch.onnx" not in sys.modules:
+        import re
+        path = os.path.join(os.path.dirname(torch.__file__), "onnx", "_constants.py")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = re.search(r"^ONNX_DEFAULT_OPSET\s*=\s*(\d+)\s*$", handle.read(),
+                                  re.MULTILINE)
+        except OSError:
+            found = None
+        if found is not None:
+            return int(found.group(1))
     from torch.onnx import _constants
     return int(_constants.ONNX_DEFAULT_OPSET)
 
@@ -62,15 +85,21 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     input_names, output_names = deduplicate_names(node, input_names, output_names)
     opset = params.get("opset_version")
     opset = default_opset() if opset is None else int(opset)
+    fallback = None
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
-        with exporter_call(node, name, module):  # torch's output to log.txt, one clear error
-            if name == "onnx-dynamo":
-                proto = _export_dynamo(node, module, inputs, input_names, output_names, opset,
-                                       params, context.verbose)
-            else:
-                proto = _export_torchscript(module, inputs, input_names, output_names, opset,
-                                            params, os.path.join(tmp, "model.onnx"),
-                                            context.verbose)
+        proto = None
+        if name == "onnx-dynamo":  # leapp's writer first; torch's exporter when it refuses
+            proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
+                                     params)
+        if proto is None:
+            with exporter_call(node, name, module):  # torch's output to log.txt, one clear error
+                if name == "onnx-dynamo":
+                    proto = _export_dynamo(node, module, inputs, input_names, output_names,
+                                           opset, params, context.verbose)
+                else:
+                    proto = _export_torchscript(module, inputs, input_names, output_names,
+                                                opset, params, os.path.join(tmp, "model.onnx"),
+                                                context.verbose)
         dropped = _sync_inputs(node, proto, input_names)
         _sync_outputs(node, proto, output_names)
         path = os.path.join(out_dir, f"{node}.onnx")
@@ -88,7 +117,32 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     # No session here: validation loads the saved file the way InferenceManager does.
     return Exported(model=None, path=path, yaml_backend="onnx",
                     input_names=input_names, output_names=output_names,
-                    parameters={"opset_version": opset}, dropped_inputs=dropped)
+                    parameters={"opset_version": opset}, dropped_inputs=dropped,
+                    fallback=fallback)
+
+
+def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: list[str],
+           output_names: list[str], opset: int, params: dict) -> tuple[Any, str | None]:
+    """(the writer's model, None), or (None, why) when this node goes to torch's exporter."""
+    from .. import onnx_writer
+    from ..._version import __version__
+
+    if not onnx_writer.enabled():
+        return None, None  # chosen by the user: not a fallback
+    torch_only = [k for k in ("verify", "report") if params.get(k)]
+    if torch_only:
+        reason = f"backend_params {torch_only} ask for torch's exporter"
+    else:
+        try:
+            return onnx_writer.write_model(node, module, list(inputs), input_names,
+                                           output_names, opset, __version__), None
+        except onnx_writer.NoRule as exc:
+            reason = str(exc)
+        except Exception as exc:  # a writer bug must not cost the user the export
+            reason = f"the ONNX writer failed: {type(exc).__name__}: {exc}"
+    logger.warning("[%s] exported with torch's ONNX exporter: %s (set %s=torch to use it for "
+                   "every node)", node, reason, onnx_writer.ENV)
+    return None, reason
 
 
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,

@@ -1,0 +1,279 @@
+"""The graph walk and model assembly of the ONNX writer.
+
+A node's torch.fx.GraphModule is run once on its example inputs (the traced
+port values), which gives every fx value its static shape and dtype as eager
+computes them.  Each call is then handed to the rule registered for it
+(leapp.compiling.onnx_writer.rules): the rule appends ONNX nodes through an
+Emitter and returns the name(s) of its result(s).  A call whose arguments are
+all constants (module buffers, Python numbers) is folded to its eager value.
+The finished model is checked: every value a rule produced must have, after
+ONNX shape inference, the dtype and shape eager gave it, or the node is
+refused (WriterError) and goes through torch's exporter.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ...bundle.dtypes import onnx_type
+from . import rules as _rules  # noqa: F401  (importing the families registers every rule)
+from .emit import RULES, Call, Emitter, NoRule, Value, WriterError, is_random, op_label, rule_key
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the module once and keeps each fx node's eager value."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module, garbage_collect_values=False)
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        self.values[n] = result
+        return result
+
+
+def _is_const_arg(obj: Any, consts: set) -> bool:
+    if isinstance(obj, fx.Node):
+        return obj in consts
+    if isinstance(obj, (tuple, list)):
+        return all(_is_const_arg(o, consts) for o in obj)
+    if isinstance(obj, dict):
+        return all(_is_const_arg(o, consts) for o in obj.values())
+    if isinstance(obj, slice):
+        return all(_is_const_arg(o, consts) for o in (obj.start, obj.stop, obj.step))
+    return True
+
+
+class Walk:
+    """One node's writing: values, constants, the emitter."""
+
+    def __init__(self, module: fx.GraphModule, example_inputs: list[torch.Tensor],
+                 input_names: list[str], output_names: list[str], opset: int,
+                 node_name: str) -> None:
+        self.module = module
+        self.example_inputs = example_inputs
+        self.input_names = input_names
+        self.output_names = output_names
+        self.opset = opset
+        self.node_name = node_name
+        shared = sorted(set(input_names) & set(output_names))
+        if shared or len(set(input_names)) != len(input_names) \
+                or len(set(output_names)) != len(output_names):
+            raise WriterError(f"[{node_name}] port names must be distinct across inputs and "
+                              f"outputs (shared: {shared}); name state ports <name>_in / "
+                              f"<name>_out as the onnx backend does")
+        self.e = Emitter(opset, set(input_names) | set(output_names))
+        self.env: dict[fx.Node, Any] = {}
+        self.consts: set[fx.Node] = set()
+        self.expected: dict[str, torch.Tensor] = {}
+
+    def _map(self, obj: Any) -> Any:
+        if isinstance(obj, fx.Node):
+            return self.env[obj]
+        if isinstance(obj, tuple):
+            return tuple(self._map(o) for o in obj)
+        if isinstance(obj, list):
+            return [self._map(o) for o in obj]
+        if isinstance(obj, dict):
+            return {k: self._map(v) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(self._map(obj.start), self._map(obj.stop), self._map(obj.step))
+        return obj
+
+    def _example(self, obj: Any, values: dict) -> Any:
+        if isinstance(obj, fx.Node):
+            return values[obj]
+        if isinstance(obj, tuple):
+            return tuple(self._example(o, values) for o in obj)
+        if isinstance(obj, list):
+            return [self._example(o, values) for o in obj]
+        if isinstance(obj, dict):
+            return {k: self._example(v, values) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(self._example(obj.start, values), self._example(obj.stop, values),
+                         self._example(obj.step, values))
+        return obj
+
+    def _const_value(self, value: Any, hint: str) -> Any:
+        """A folded value: tensors become initialisers (Value), others stay Python."""
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(f"a constant of dtype {value.dtype}")
+            return Value(self.e.tensor_const(value, hint), value, const=True)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._const_value(v, hint) for v in value)
+        return value
+
+    def _wrap(self, result: Any, example: Any, node: fx.Node) -> Any:
+        """The rule's name(s) paired with eager's example value(s)."""
+        if isinstance(example, torch.Tensor):
+            if isinstance(result, Value):
+                return result
+            if not isinstance(result, str):
+                raise WriterError(f"rule for {op_label(node)} returned {result!r}")
+            if example.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
+            self.expected[result] = example
+            return Value(result, example)
+        if isinstance(example, (tuple, list)):
+            if not isinstance(result, (tuple, list)) or len(result) != len(example):
+                raise WriterError(f"rule for {op_label(node)} returned {result!r}, eager gives "
+                                  f"{len(example)} values")
+            return [self._wrap(r, x, node) for r, x in zip(result, example)]
+        return result if result is not None else example
+
+    def run(self) -> Any:
+        graph = self.module.graph
+        recorder = _Recorder(self.module)
+        with torch.no_grad():
+            recorder.run(*self.example_inputs)
+        values = recorder.values
+        e = self.e
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(self.input_names):
+            raise WriterError(f"{len(placeholders)} placeholders for {len(self.input_names)} "
+                              f"inputs")
+        graph_inputs = []
+        kept_inputs = []
+        for n, name, example in zip(placeholders, self.input_names, self.example_inputs):
+            if example.dtype not in _SUPPORTED_DTYPES:
+                raise NoRule(f"an input of dtype {example.dtype}")
+            self.env[n] = Value(name, values[n])
+            if n.users:  # an input no output reads is left out, as torch's exporter does
+                graph_inputs.append(e.helper.make_tensor_value_info(
+                    name, onnx_type(example.dtype), list(example.shape)))
+                kept_inputs.append(name)
+        output_node = None
+        for n in graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                output_node = n
+                break
+            if n.op == "get_attr":
+                self.consts.add(n)
+                self.env[n] = self._const_value(values[n], "const")
+                continue
+            if n.op not in ("call_function", "call_method"):
+                raise NoRule(f"fx op {n.op}")
+            target = n.target
+            if n.op == "call_function" and target is operator.getitem \
+                    and isinstance(values.get(n.args[0]), (tuple, list)):
+                picked = self.env[n.args[0]]
+                if isinstance(picked, (tuple, list)):
+                    self.env[n] = picked[n.args[1]]
+                    if n.args[0] in self.consts:
+                        self.consts.add(n)
+                    continue
+            all_const = _is_const_arg(n.args, self.consts) and _is_const_arg(n.kwargs,
+                                                                              self.consts)
+            if all_const and not (n.op == "call_function" and is_random(target)):
+                self.consts.add(n)
+                self.env[n] = self._const_value(values[n], "folded")
+                continue
+            key = rule_key(n)
+            fn = RULES.get(key)
+            if fn is None:
+                raise NoRule(op_label(n))
+            call = Call(e, n, self._map(n.args), self._map(n.kwargs),
+                        self._example(n.args, values), self._example(n.kwargs, values),
+                        values[n])
+            result = fn(call)
+            self.env[n] = self._wrap(result, values[n], n)
+        assert output_node is not None
+        results = output_node.args[0]
+        results = list(results) if isinstance(results, (tuple, list)) else [results]
+        if len(results) != len(self.output_names):
+            raise WriterError(f"{len(results)} results for {len(self.output_names)} outputs")
+        graph_outputs = []
+        renames: dict[str, str] = {}
+        claimed: set[str] = set(kept_inputs)
+        initializer_names = {t.name for t in e.initializers}
+        produced = {o for node in e.nodes for o in node.output}
+        for fx_value, name in zip(results, self.output_names):
+            value = self.env[fx_value] if isinstance(fx_value, fx.Node) else None
+            if not isinstance(value, Value):
+                raise NoRule(f"output '{name}' that is not a tensor")
+            source = renames.get(value.name, value.name)
+            if source in produced and source not in claimed and value.name not in renames \
+                    and source not in initializer_names:
+                renames[value.name] = name
+                claimed.add(name)
+            else:
+                e.nodes.append(e.helper.make_node("Identity", [source], [name]))
+            graph_outputs.append(e.helper.make_tensor_value_info(
+                name, onnx_type(value.dtype), list(value.shape)))
+        if renames:
+            for node in e.nodes:
+                node.input[:] = [renames.get(i, i) for i in node.input]
+                node.output[:] = [renames.get(o, o) for o in node.output]
+            self.expected = {renames.get(k, k): v for k, v in self.expected.items()}
+        nodes, initializers = _live(e.nodes, e.initializers, self.output_names)
+        graph = e.helper.make_graph(nodes, "main_graph", graph_inputs, graph_outputs,
+                                    initializers)
+        return graph
+
+
+def _live(nodes: list, initializers: list, outputs: list[str]) -> tuple[list, list]:
+    """The nodes the outputs need (in order) and the initialisers they read."""
+    needed = set(outputs)
+    keep = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    keep.reverse()
+    return keep, [t for t in initializers if t.name in needed]
+
+
+_SUPPORTED_DTYPES = frozenset({
+    torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool})
+
+
+#: Ops onnxruntime's CPU provider has no float64 kernel for (1.2x-1.3x): a node that
+#: would need one is refused (eager computes them in float64; float32 would differ).
+NO_FLOAT64_KERNEL = frozenset({
+    "Elu", "Selu", "Celu", "LeakyRelu", "Gelu", "Softplus", "Softsign", "HardSigmoid",
+    "HardSwish", "Mish", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+    "Atanh", "Erf", "Conv", "ConvTranspose", "AveragePool", "PRelu", "Resize"})
+
+
+def _check_kernels(model: Any, infos: dict) -> None:
+    from onnx import TensorProto
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    types.update({name: v.type.tensor_type.elem_type for name, v in infos.items()})
+    for node in model.graph.node:
+        if node.op_type in NO_FLOAT64_KERNEL and types.get(node.input[0]) == TensorProto.DOUBLE:
+            raise NoRule(f"{node.op_type} on float64",
+                         "onnxruntime has no float64 kernel for it")
+
+
+def check_against_eager(model: Any, expected: dict[str, torch.Tensor], node: str) -> None:
+    """Every value a rule produced has, after strict shape inference, eager's dtype and
+    shape (WriterError otherwise)."""
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    infos = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    _check_kernels(inferred, infos)
+    for name, example in expected.items():
+        info = infos.get(name)
+        if info is None:
+            continue
+        tensor_type = info.type.tensor_type
+        want = onnx_type(example.dtype)
+        if tensor_type.elem_type != want:
+            raise WriterError(f"[{node}] value {name}: the writer gives ONNX type "
+                              f"{tensor_type.elem_type}, eager {example.dtype}")
+        if tensor_type.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None
+                    for d in tensor_type.shape.dim]
+            if None not in dims and tuple(dims) != tuple(example.shape):
+                raise WriterError(f"[{node}] value {name}: the writer gives shape {dims}, "
+                                  f"eager {tuple(example.shape)}")

@@ -1,0 +1,77 @@
+"""Helpers the rule families share: eager's computation types, operands as ONNX
+values of a given dtype, dims."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..emit import Call, Value
+
+#: The type eager computes in: reduced floats in float32 (each op rounds its result
+#: back), small integers in int32 (results wrap back on the cast).
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+           torch.int8: torch.int32, torch.int16: torch.int32, torch.uint8: torch.int32}
+
+
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    return _OPMATH.get(dtype, dtype)
+
+
+def is_value(x: Any) -> bool:
+    return isinstance(x, Value)
+
+
+def operand(call: Call, x: Any, dtype: torch.dtype, scalar_dtype: torch.dtype | None = None
+            ) -> str:
+    """x (a Value or a Python number) as an ONNX value of dtype.
+
+    A Python number becomes a constant of dtype, first rounded to scalar_dtype
+    where eager rounds it (a comparison with a float16 tensor rounds the number
+    to float16)."""
+    if isinstance(x, Value):
+        return call.e.cast(x.name, x.dtype, dtype)
+    if isinstance(x, torch.Tensor):  # a tensor argument the walk left as it is
+        return call.e.cast(call.e.tensor_const(x), x.dtype, dtype)
+    if isinstance(x, (bool, int, float)):
+        value = torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else None)
+        if scalar_dtype is not None:
+            value = value.to(scalar_dtype)
+        return call.e.const(value.item() if value.dtype != torch.bool else bool(value), dtype)
+    raise call.refuse(f"an operand of type {type(x).__name__}")
+
+
+def dtype_of(x: Any) -> torch.dtype | None:
+    return x.dtype if isinstance(x, (Value, torch.Tensor)) else None
+
+
+def example(x: Any) -> Any:
+    """The eager example of an operand (a Python number stays a number)."""
+    return x.example if isinstance(x, Value) else x
+
+
+def norm_dim(d: int, rank: int) -> int:
+    return d + max(rank, 1) if d < 0 else d
+
+
+def dims_arg(d: Any, rank: int) -> list[int] | None:
+    """A dim / dims argument as a sorted list of non-negative axes (None: all)."""
+    if d is None:
+        return None
+    if isinstance(d, (list, tuple)):
+        if len(d) == 0:
+            return None
+        return sorted({norm_dim(int(x), rank) for x in d})
+    return [norm_dim(int(d), rank)]
+
+
+def finish(call: Call, name: str, computed: torch.dtype) -> str:
+    """name (computed in `computed`) cast to eager's result type."""
+    return call.e.cast(name, computed, call.out.dtype)
+
+
+def unary(call: Call, op_type: str, x: Value, **attrs: Any) -> str:
+    """op_type applied in eager's computation type of the result."""
+    out = call.out.dtype
+    work = opmath(out)
+    return finish(call, call.e.op(op_type, [operand(call, x, work)], **attrs), work)

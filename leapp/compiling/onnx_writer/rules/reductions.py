@@ -1,0 +1,283 @@
+"""Reductions (with keepdim, negative dims, dtype, reductions with indices),
+cumulative sums, sort and topk, argmax/argmin (first index on ties, as eager)."""
+from __future__ import annotations
+
+import torch
+
+from ..emit import Call, Value, rule
+from .common import dims_arg, finish, norm_dim, operand, opmath
+
+
+def _dim_keep(call: Call, dim_index: int = 1) -> tuple[list[int] | None, bool]:
+    x = call.args[0]
+    dim = call.arg(dim_index, "dim")
+    if dim is None:
+        dim = call.kwargs.get("axis")
+    keep = bool(call.arg(dim_index + 1, "keepdim", False))
+    return dims_arg(dim, x.rank), keep
+
+
+def _plain(op_type: str, integer_result: bool = False):  # noqa: ANN202
+    def apply(call: Call) -> str:
+        x = call.args[0]
+        if isinstance(call.arg(1, "dim"), torch.dtype):  # x.sum(torch.float64)
+            raise call.refuse("a dtype in the dim position")
+        axes, keep = _dim_keep(call)
+        work = opmath(call.out.dtype)
+        v = operand(call, x, work)
+        if x.rank == 0:
+            return finish(call, call.e.op("Identity", [v]), work)
+        return finish(call, call.e.reduce(op_type, v, axes, keep), work)
+    return apply
+
+
+rule("sum")(_plain("ReduceSum"))
+rule("mean", "nanmean")(_plain("ReduceMean"))
+rule("prod")(_plain("ReduceProd"))
+rule("amax")(_plain("ReduceMax"))
+rule("amin")(_plain("ReduceMin"))
+rule("logsumexp")(_plain("ReduceLogSumExp"))
+
+
+def _min_max(op_type: str, arg_op: str, binary_op: str):  # noqa: ANN202
+    def apply(call: Call) -> object:
+        x = call.args[0]
+        other = call.arg(1, "dim")
+        if isinstance(other, Value) or isinstance(call.kwargs.get("other"), Value):
+            other = other if isinstance(other, Value) else call.kwargs["other"]
+            work = opmath(call.out.dtype)
+            return finish(call, call.e.op(binary_op, [operand(call, x, work),
+                                                      operand(call, other, work)]), work)
+        e = call.e
+        if other is None:  # the whole tensor
+            work = opmath(call.out.dtype)
+            v = operand(call, x, work)
+            return finish(call, e.reduce(op_type, v, None, False), work)
+        dim = norm_dim(int(other), x.rank)
+        keep = bool(call.arg(2, "keepdim", False))
+        work = opmath(x.dtype)
+        v = operand(call, x, work)
+        if x.rank == 0:
+            return [e.cast(v, work, x.dtype), e.const(0, torch.int64)]
+        values = e.cast(e.reduce(op_type, v, [dim], keep), work, x.dtype)
+        indices = e.op(arg_op, [v], axis=dim, keepdims=int(keep), select_last_index=0)
+        return [values, indices]
+    return apply
+
+
+rule("max")(_min_max("ReduceMax", "ArgMax", "Max"))
+rule("min")(_min_max("ReduceMin", "ArgMin", "Min"))
+
+
+def _arg(op_type: str):  # noqa: ANN202
+    def apply(call: Call) -> str:
+        e = call.e
+        x = call.args[0]
+        dim = call.arg(1, "dim")
+        keep = bool(call.arg(2, "keepdim", False))
+        work = opmath(x.dtype)
+        if work == torch.bool:
+            work = torch.int32
+        v = operand(call, x, work)
+        if dim is None:
+            flat = e.reshape(v, (-1,))
+            index = e.op(op_type, [flat], axis=0, keepdims=0, select_last_index=0)
+            if keep:
+                index = e.reshape(index, (1,) * x.rank)
+            return index
+        return e.op(op_type, [v], axis=norm_dim(int(dim), x.rank), keepdims=int(keep),
+                    select_last_index=0)
+    return apply
+
+
+rule("argmax")(_arg("ArgMax"))
+rule("argmin")(_arg("ArgMin"))
+
+
+def _any_all(op_type: str):  # noqa: ANN202
+    def apply(call: Call) -> str:
+        e = call.e
+        x = call.args[0]
+        axes, keep = _dim_keep(call)
+        flags = e.cast(operand(call, x, torch.bool), torch.bool, torch.int32) \
+            if x.dtype != torch.bool else e.cast(x.name, torch.bool, torch.int32)
+        if x.rank == 0:
+            reduced = flags
+        else:
+            reduced = e.reduce(op_type, flags, axes, keep)
+        return e.cast(reduced, torch.int32, call.out.dtype)
+    return apply
+
+
+rule("any")(_any_all("ReduceMax"))
+rule("all")(_any_all("ReduceMin"))
+
+
+@rule("count_nonzero")
+def count_nonzero(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    axes = dims_arg(call.arg(1, "dim"), x.rank)
+    flags = e.cast(operand(call, x, torch.bool), torch.bool, torch.int64)
+    return e.reduce("ReduceSum", flags, axes, False)
+
+
+def _correction(call: Call) -> float:
+    if "correction" in call.kwargs and call.kwargs["correction"] is not None:
+        return float(call.kwargs["correction"])
+    unbiased = call.kwargs.get("unbiased")
+    if unbiased is None and len(call.args) > 1 and isinstance(call.args[1], bool):
+        unbiased = call.args[1]
+    return 1.0 if unbiased is None or unbiased else 0.0
+
+
+def _variance(call: Call) -> tuple[str, torch.dtype]:
+    e = call.e
+    x = call.args[0]
+    dim = call.arg(1, "dim")
+    if isinstance(dim, bool):
+        dim = None
+    axes = dims_arg(dim, x.rank)
+    keep = bool(call.kwargs.get("keepdim", call.args[2] if len(call.args) > 2
+                                and isinstance(call.args[1], (int, list, tuple))
+                                and not isinstance(call.args[1], bool) else False))
+    work = opmath(call.out.dtype if not isinstance(call.out, tuple) else call.out[0].dtype)
+    v = operand(call, x, work)
+    mean = e.reduce("ReduceMean", v, axes, True)
+    centred = e.op("Sub", [v, mean])
+    total = e.reduce("ReduceSum", e.op("Mul", [centred, centred]), axes, keep)
+    count = 1
+    for axis in (axes if axes is not None else range(x.rank)):
+        count *= x.shape[axis]
+    denominator = max(count - _correction(call), 0)
+    return e.op("Div", [total, e.const(float(denominator), work)]), work
+
+
+@rule("var")
+def var(call: Call) -> str:
+    value, work = _variance(call)
+    return finish(call, value, work)
+
+
+@rule("std")
+def std(call: Call) -> str:
+    value, work = _variance(call)
+    return finish(call, call.e.op("Sqrt", [value]), work)
+
+
+def vector_norm(call: Call, x: Value, order: float, axes: list[int] | None, keep: bool,
+                work: torch.dtype) -> str:
+    e = call.e
+    v = operand(call, x, work)
+    if order == 2:
+        return e.reduce("ReduceL2", v, axes, keep)
+    if order == 1:
+        return e.reduce("ReduceL1", v, axes, keep)
+    if order == float("inf"):
+        return e.reduce("ReduceMax", e.op("Abs", [v]), axes, keep)
+    if order == float("-inf"):
+        return e.reduce("ReduceMin", e.op("Abs", [v]), axes, keep)
+    if order == 0:
+        nonzero = e.cast(e.op("Not", [e.op("Equal", [v, e.const(0, work)])]), torch.bool, work)
+        return e.reduce("ReduceSum", nonzero, axes, keep)
+    powered = e.op("Pow", [e.op("Abs", [v]), e.const(order, work)])
+    return e.op("Pow", [e.reduce("ReduceSum", powered, axes, keep), e.const(1.0 / order, work)])
+
+
+@rule("vector_norm")
+def linalg_vector_norm(call: Call) -> str:
+    x = call.args[0]
+    order = float(call.arg(1, "ord", 2))
+    axes = dims_arg(call.arg(2, "dim"), x.rank)
+    keep = bool(call.arg(3, "keepdim", False))
+    work = opmath(call.out.dtype)
+    if x.rank == 0:
+        return finish(call, call.e.op("Abs", [operand(call, x, work)]), work)
+    return finish(call, vector_norm(call, x, order, axes, keep, work), work)
+
+
+@rule("cumsum")
+def cumsum(call: Call) -> str:
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    work = opmath(call.out.dtype)
+    if work == torch.bool:
+        work = torch.int64
+    v = operand(call, x, work)
+    return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
+
+
+def _topk(call: Call, x: Value, k: int, dim: int, largest: bool) -> list[str]:
+    e = call.e
+    work = opmath(x.dtype)
+    if work == torch.bool:
+        raise call.refuse("sorting booleans")
+    v = operand(call, x, work)
+    values, indices = e.op("TopK", [v, e.ints([k])], outputs=2, axis=dim,
+                           largest=int(largest), sorted=1)
+    return [e.cast(values, work, x.dtype), indices]
+
+
+@rule("topk")
+def topk(call: Call) -> list[str]:
+    x = call.args[0]
+    k = int(call.arg(1, "k"))
+    dim = norm_dim(int(call.arg(2, "dim", -1)), x.rank)
+    largest = bool(call.arg(3, "largest", True))
+    return _topk(call, x, k, dim, largest)
+
+
+@rule("sort")
+def sort(call: Call) -> list[str]:
+    x = call.args[0]
+    dim = call.arg(1, "dim", -1)
+    descending = call.arg(2, "descending", False)
+    if isinstance(dim, bool):  # sort(x, descending) is not a form torch has; be safe
+        raise call.refuse("sort(dim=bool)")
+    dim = norm_dim(int(dim), x.rank)
+    return _topk(call, x, x.shape[dim], dim, bool(descending))
+
+
+@rule("argsort")
+def argsort(call: Call) -> str:
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim", -1)), x.rank)
+    descending = bool(call.arg(2, "descending", False))
+    return _topk(call, x, x.shape[dim], dim, descending)[1]
+
+
+@rule("var_mean", "std_mean")
+def var_mean(call: Call) -> list[str]:
+    value, work = _variance(call)
+    if rule_name_of(call) == "std_mean":
+        value = call.e.op("Sqrt", [value])
+    x = call.args[0]
+    dim = call.arg(1, "dim")
+    axes = dims_arg(None if isinstance(dim, bool) else dim, x.rank)
+    keep = bool(call.kwargs.get("keepdim", False))
+    mean = call.e.reduce("ReduceMean", operand(call, x, work), axes, keep)
+    dtype = call.out[0].dtype
+    return [call.e.cast(value, work, dtype), call.e.cast(mean, work, dtype)]
+
+
+def rule_name_of(call: Call) -> str:
+    target = call.node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+@rule("norm")
+def norm(call: Call) -> str:
+    """torch.linalg.norm: vector norms over one dim; over two dims (or all) only the
+    Frobenius norm (ord=None or 'fro'), which is the 2-norm of the elements."""
+    x = call.args[0]
+    order = call.arg(1, "ord")
+    dim = call.arg(2, "dim")
+    keep = bool(call.arg(3, "keepdim", False))
+    axes = dims_arg(dim, x.rank)
+    work = opmath(call.out.dtype)
+    matrix = (axes is None and x.rank == 2 and order is not None) or \
+        (axes is not None and len(axes) == 2)
+    if matrix and order not in (None, "fro"):
+        raise call.refuse(f"matrix norm ord={order!r}")
+    p = 2.0 if order in (None, "fro") else float(order)
+    return finish(call, vector_norm(call, x, p, axes, keep, work), work)

@@ -1,0 +1,584 @@
+"""Shapes, views and indexing: every view writes eager's static result shape
+(Reshape / Expand to the traced shape, never -1), permutations as Transpose,
+basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, any
+other constant key as one Gather of the flat positions it selects, and the
+functional rewrites of in-place writes the tracer records (index_write,
+masked_write, copy_write, ...) as ScatterElements / Where / Expand."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..emit import Call, Value, rule
+from .common import norm_dim, operand
+
+_BIG = 2 ** 63 - 1
+
+
+def _shape_tail(call: Call) -> tuple:
+    args = call.args[1:]
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+@rule("view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "ravel", "squeeze",
+      "unsqueeze", "atleast_1d", "atleast_2d", "atleast_3d", "squeeze_copy", "unsqueeze_copy",
+      "view_copy", "_unsafe_view")
+def reshape(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    if any(isinstance(a, torch.dtype) for a in call.args[1:]) or \
+            isinstance(call.kwargs.get("dtype"), torch.dtype):
+        raise call.refuse("a view as another dtype (a bit cast)")
+    if tuple(call.out.shape) == x.shape:
+        return call.e.op("Identity", [x.name])
+    return call.e.reshape(x.name, tuple(call.out.shape))
+
+
+@rule("expand", "expand_as", "broadcast_to", "expand_copy")
+def expand(call: Call) -> str:
+    x = call.args[0]
+    if tuple(call.out.shape) == x.shape:
+        return call.e.op("Identity", [x.name])
+    return call.e.op("Expand", [x.name, call.e.ints(call.out.shape)])
+
+
+def transpose_perm(call: Call, x: Value, perm: list[int]) -> str:
+    if perm == list(range(x.rank)):
+        return call.e.op("Identity", [x.name])
+    return call.e.op("Transpose", [x.name], perm=perm)
+
+
+@rule("permute", "permute_copy")
+def permute(call: Call) -> str:
+    x = call.args[0]
+    dims = _shape_tail(call) or tuple(call.kwargs.get("dims", ()))
+    return transpose_perm(call, x, [norm_dim(int(d), x.rank) for d in dims])
+
+
+@rule("transpose", "swapaxes", "swapdims", "transpose_copy")
+def transpose(call: Call) -> str:
+    x = call.args[0]
+    if x.rank < 2:
+        return call.e.op("Identity", [x.name])
+    a = norm_dim(int(call.arg(1, "dim0")), x.rank)
+    b = norm_dim(int(call.arg(2, "dim1")), x.rank)
+    perm = list(range(x.rank))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose_perm(call, x, perm)
+
+
+@rule("t", "adjoint")
+def t(call: Call) -> str:
+    x = call.args[0]
+    if x.rank < 2:
+        return call.e.op("Identity", [x.name])
+    perm = list(range(x.rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    return transpose_perm(call, x, perm)
+
+
+@rule("reverse_dims")
+def reverse_dims(call: Call) -> str:
+    x = call.args[0]
+    return transpose_perm(call, x, list(reversed(range(x.rank))))
+
+
+@rule("movedim", "moveaxis")
+def movedim(call: Call) -> str:
+    x = call.args[0]
+    src, dst = call.arg(1, "source"), call.arg(2, "destination")
+    src = [src] if isinstance(src, int) else list(src)
+    dst = [dst] if isinstance(dst, int) else list(dst)
+    src = [norm_dim(s, x.rank) for s in src]
+    dst = [norm_dim(d, x.rank) for d in dst]
+    perm: list[int | None] = [None] * x.rank
+    for s, d in zip(src, dst):
+        perm[d] = s
+    rest = iter(d for d in range(x.rank) if d not in src)
+    return transpose_perm(call, x, [p if p is not None else next(rest) for p in perm])
+
+
+@rule("contiguous", "clone", "detach", "alias", "cpu", "requires_grad_", "detach_",
+      "resolve_conj", "resolve_neg", "lift_fresh")
+def identity(call: Call) -> Any:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    return x
+
+
+@rule("repeat", "tile")
+def repeat(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    reps = _shape_tail(call) or tuple(call.kwargs.get("dims", call.kwargs.get("repeats", ())))
+    reps = [int(r) for r in reps]
+    name = x.name
+    if len(reps) < x.rank:  # tile pads its repeats on the left
+        reps = [1] * (x.rank - len(reps)) + reps
+    if len(reps) > x.rank:
+        name = e.reshape(name, (1,) * (len(reps) - x.rank) + x.shape)
+    return e.op("Tile", [name, e.ints(reps)])
+
+
+@rule("flip")
+def flip(call: Call) -> str:
+    x = call.args[0]
+    dims = list(call.args[1:]) if len(call.args) > 2 else call.arg(1, "dims")
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    axes = sorted({norm_dim(int(d), x.rank) for d in dims})
+    if not axes:
+        return call.e.op("Identity", [x.name])
+    return call.e.slice(x.name, [-1] * len(axes), [-_BIG - 1] * len(axes), axes,
+                        [-1] * len(axes))
+
+
+@rule("fliplr")
+def fliplr(call: Call) -> str:
+    x = call.args[0]
+    return call.e.slice(x.name, [-1], [-_BIG - 1], [1], [-1])
+
+
+@rule("flipud")
+def flipud(call: Call) -> str:
+    x = call.args[0]
+    return call.e.slice(x.name, [-1], [-_BIG - 1], [0], [-1])
+
+
+@rule("roll")
+def roll(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    shifts = call.arg(1, "shifts")
+    dims = call.arg(2, "dims")
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    name, shape = x.name, x.shape
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        name, shape = e.reshape(name, (-1,)), (x.example.numel(),)
+        dims = [0]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    for shift, dim in zip(shifts, dims):
+        axis = norm_dim(int(dim), len(shape))
+        n = shape[axis]
+        s = int(shift) % n if n else 0
+        if s == 0:
+            continue
+        tail = e.slice(name, [n - s], [n], [axis])
+        head = e.slice(name, [0], [n - s], [axis])
+        name = e.op("Concat", [tail, head], axis=axis)
+    if shape != x.shape:
+        name = e.reshape(name, x.shape)
+    return name if name != x.name else e.op("Identity", [x.name])
+
+
+@rule("cat", "concat", "concatenate")
+def cat(call: Call) -> str:
+    e = call.e
+    tensors = list(call.arg(0, "tensors"))
+    dim = call.arg(1, "dim", call.kwargs.get("axis", 0))
+    out = call.out
+    keep = [t for t in tensors if not (isinstance(t, Value) and t.rank == 1
+                                       and t.shape[0] == 0 and out.dim() != 1)]
+    if any(not isinstance(t, Value) for t in keep):
+        raise call.refuse("a non-tensor in the list")
+    axis = norm_dim(int(dim), out.dim())
+    names = [operand(call, t, out.dtype) for t in keep]
+    if len(names) == 1:
+        return e.op("Identity", names)
+    return e.op("Concat", names, axis=axis)
+
+
+@rule("stack")
+def stack(call: Call) -> str:
+    e = call.e
+    tensors = list(call.arg(0, "tensors"))
+    out = call.out
+    axis = norm_dim(int(call.arg(1, "dim", 0)), out.dim())
+    names = [e.unsqueeze(operand(call, t, out.dtype), [axis]) for t in tensors]
+    if len(names) == 1:
+        return e.op("Identity", names)
+    return e.op("Concat", names, axis=axis)
+
+
+def _split_like_out(call: Call, x: Value, dim: int, squeeze: bool = False) -> list[str]:
+    e = call.e
+    outs = list(call.out)
+    axis = norm_dim(int(dim), x.rank)
+    if squeeze:
+        sizes = [1] * len(outs)
+    else:
+        sizes = [int(o.shape[axis]) for o in outs]
+    if sum(sizes) != x.shape[axis]:
+        raise call.refuse("parts that do not cover the dimension")
+    if len(outs) == 1:
+        parts = [e.op("Identity", [x.name])]
+    else:
+        parts = e.op("Split", [x.name, e.ints(sizes)], outputs=len(outs), axis=axis)
+    if squeeze:
+        parts = [e.squeeze(p, [axis]) for p in parts]
+    return parts
+
+
+@rule("split", "split_with_sizes")
+def split(call: Call) -> list[str]:
+    return _split_like_out(call, call.args[0], call.arg(2, "dim", 0))
+
+
+@rule("chunk")
+def chunk(call: Call) -> list[str]:
+    return _split_like_out(call, call.args[0], call.arg(2, "dim", 0))
+
+
+@rule("tensor_split")
+def tensor_split(call: Call) -> list[str]:
+    return _split_like_out(call, call.args[0], call.arg(2, "dim", 0))
+
+
+@rule("unbind")
+def unbind(call: Call) -> list[str]:
+    return _split_like_out(call, call.args[0], call.arg(1, "dim", 0), squeeze=True)
+
+
+@rule("narrow")
+def narrow(call: Call) -> str:
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    start = call.arg(2, "start")
+    length = int(call.arg(3, "length"))
+    if isinstance(start, Value):
+        raise call.refuse("a tensor start")
+    start = int(start) % x.shape[dim] if int(start) < 0 else int(start)
+    return call.e.slice(x.name, [start], [start + length], [dim])
+
+
+@rule("select")
+def select(call: Call) -> str:
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    index = call.arg(2, "index")
+    return call.e.op("Gather", [x.name, call.e.scalar_int(int(index))], axis=dim)
+
+
+def _index(call: Call, index: Value) -> str:
+    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise call.refuse(f"an index of dtype {index.dtype}")
+    return call.e.cast(index.name, index.dtype, torch.int64)
+
+
+@rule("index_select")
+def index_select(call: Call) -> str:
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    index = call.arg(2, "index")
+    if x.rank == 0:
+        return call.e.reshape(x.name, tuple(call.out.shape))
+    return call.e.op("Gather", [x.name, _index(call, index)], axis=dim)
+
+
+@rule("gather")
+def gather(call: Call) -> str:
+    x = call.args[0]
+    dim, index = call.arg(1, "dim"), call.arg(2, "index")
+    return call.e.op("GatherElements", [x.name, _index(call, index)],
+                     axis=norm_dim(int(dim), x.rank))
+
+
+@rule("take_along_dim")
+def take_along_dim(call: Call) -> str:
+    x = call.args[0]
+    index, dim = call.arg(1, "indices"), call.arg(2, "dim")
+    if dim is None or tuple(index.shape) != tuple(call.out.shape) or index.rank != x.rank:
+        raise call.refuse("take_along_dim with broadcasting or without dim")
+    return call.e.op("GatherElements", [x.name, _index(call, index)],
+                     axis=norm_dim(int(dim), x.rank))
+
+
+@rule("scatter", "scatter_add")
+def scatter(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    index = call.arg(2, "index")
+    src = call.arg(3, "src", call.kwargs.get("value"))
+    if call.kwargs.get("reduce") is not None:
+        raise call.refuse("scatter with reduce")
+    reduction = "add" if rule_name(call) == "scatter_add" else None
+    if not isinstance(src, Value):
+        updates = e.op("Expand", [e.const(src, x.dtype), e.ints(index.shape)])
+    else:
+        updates = operand(call, src, x.dtype)
+        if src.shape != index.shape:
+            updates = e.slice(updates, [0] * index.rank, list(index.shape),
+                              list(range(index.rank)))
+    return e.op("ScatterElements", [x.name, _index(call, index), updates], axis=dim,
+                reduction=reduction)
+
+
+def rule_name(call: Call) -> str:
+    target = call.node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+@rule("masked_fill")
+def masked_fill(call: Call) -> str:
+    e = call.e
+    x = call.args[0]
+    mask = call.arg(1, "mask")
+    value = call.arg(2, "value")
+    filler = operand(call, value, x.dtype)
+    return _where(call, e.cast(mask.name, mask.dtype, torch.bool), filler, x.name, x.dtype)
+
+
+def _where(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
+    """Where on dtype (reduced floats through float32: exact both ways)."""
+    e = call.e
+    if dtype in (torch.float16, torch.bfloat16):
+        picked = e.op("Where", [cond, e.cast(a, dtype, torch.float32),
+                                e.cast(b, dtype, torch.float32)])
+        return e.cast(picked, torch.float32, dtype)
+    return e.op("Where", [cond, a, b])
+
+
+@rule("masked_write")
+def masked_write(call: Call) -> str:
+    dest, mask, value = call.args[:3]
+    e = call.e
+    filler = operand(call, value, dest.dtype)
+    return _where(call, e.cast(mask.name, mask.dtype, torch.bool), filler, dest.name,
+                  dest.dtype)
+
+
+@rule("index_write")
+def index_write(call: Call) -> str:
+    """dest with value at the flat positions idx (a constant): ScatterElements on the
+    flat tensor."""
+    e = call.e
+    dest, idx, value = call.args[:3]
+    if not isinstance(idx, Value):
+        raise call.refuse("positions that are not a tensor")
+    updates = operand(call, value, dest.dtype)
+    if not isinstance(value, Value) or value.shape != idx.shape:
+        updates = e.op("Expand", [updates, e.ints(idx.shape)])
+    flat = e.reshape(dest.name, (-1,))
+    written = e.op("ScatterElements", [flat, e.reshape(_index(call, idx), (-1,)),
+                                       e.reshape(updates, (-1,))], axis=0)
+    return e.reshape(written, dest.shape)
+
+
+@rule("copy_write")
+def copy_write(call: Call) -> str:
+    e = call.e
+    dest, src = call.args[:2]
+    name = operand(call, src, dest.dtype)
+    if isinstance(src, Value) and src.shape == dest.shape:
+        return e.op("Identity", [name])
+    return e.op("Expand", [name, e.ints(dest.shape)])
+
+
+@rule("gather_positions")
+def gather_positions(call: Call) -> str:
+    e = call.e
+    src, positions = call.args[:2]
+    return e.op("Gather", [e.reshape(src.name, (-1,)), _index(call, positions)], axis=0)
+
+
+@rule("scatter_positions")
+def scatter_positions(call: Call) -> str:
+    e = call.e
+    dest, dest_pos, src, src_pos = call.args[:4]
+    picked = e.op("Gather", [e.reshape(operand(call, src, dest.dtype), (-1,)),
+                             e.reshape(_index(call, src_pos), (-1,))], axis=0)
+    written = e.op("ScatterElements", [e.reshape(dest.name, (-1,)),
+                                       e.reshape(_index(call, dest_pos), (-1,)), picked], axis=0)
+    return e.reshape(written, dest.shape)
+
+
+def _uniform(call: Call) -> str:
+    """A result that does not depend on the input's values: a constant (Expand of one
+    number when every element is the same)."""
+    e = call.e
+    out = call.out.detach()
+    flat = out.reshape(-1)
+    if flat.numel() > 0 and bool((flat == flat[0]).all()) and out.dim() > 0:
+        return e.op("Expand", [e.tensor_const(flat[:1].reshape(())), e.ints(out.shape)])
+    return e.op("Identity", [e.tensor_const(out)])
+
+
+for _name in ("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones",
+              "new_full", "new_empty", "new_tensor", "filled", "zeroed", "zeros", "ones",
+              "full", "arange", "tensor", "eye", "linspace"):
+    rule(_name)(_uniform)
+
+
+@rule("tril", "triu")
+def trilu(call: Call) -> str:
+    x = call.args[0]
+    k = int(call.arg(1, "diagonal", 0))
+    upper = 1 if rule_name(call) == "triu" else 0
+    return call.e.op("Trilu", [x.name, call.e.scalar_int(k)], upper=upper)
+
+
+# ---------------------------------------------------------------------------
+# x[key]
+
+
+def _expand_key(key: Any, rank: int) -> list | None:
+    items = list(key) if isinstance(key, tuple) else [key]
+    consumed = 0
+    for item in items:
+        if item is None or item is Ellipsis:
+            continue
+        if isinstance(item, Value) and item.dtype == torch.bool:
+            consumed += item.rank
+        else:
+            consumed += 1
+    if consumed > rank:
+        return None
+    if Ellipsis in [i for i in items if not isinstance(i, Value)]:
+        at = next(i for i, item in enumerate(items)
+                  if not isinstance(item, Value) and item is Ellipsis)
+        items = items[:at] + [slice(None)] * (rank - consumed) + items[at + 1:]
+    else:
+        items = items + [slice(None)] * (rank - consumed)
+    return items
+
+
+def _basic(call: Call, x: Value, items: list) -> str | None:
+    """ints, slices, None and at most one integer tensor index (with no ints)."""
+    e = call.e
+    tensors = [i for i in items if isinstance(i, Value)]
+    ints = [i for i in items if isinstance(i, int) and not isinstance(i, bool)]
+    if any(isinstance(i, (bool, list, torch.Tensor)) for i in items):
+        return None
+    if len(tensors) > 1 or (tensors and ints) or \
+            (tensors and tensors[0].dtype == torch.bool):
+        return None
+    name = x.name
+    starts, ends, axes, steps = [], [], [], []
+    axis = 0
+    int_axes = []
+    tensor_axis = None
+    for item in items:
+        if item is None:
+            continue
+        if isinstance(item, slice):
+            start, stop, step = item.start, item.stop, item.step
+            if any(isinstance(v, Value) for v in (start, stop, step)):
+                return None
+            step = 1 if step is None else int(step)
+            if step <= 0:
+                return None
+            if (start in (None, 0)) and stop is None and step == 1:
+                axis += 1
+                continue
+            starts.append(0 if start is None else int(start))
+            ends.append(_BIG if stop is None else int(stop))
+            axes.append(axis)
+            steps.append(step)
+        elif isinstance(item, int):
+            int_axes.append((axis, item))
+        else:
+            tensor_axis = axis
+        axis += 1
+    if axes:
+        name = e.slice(name, starts, ends, axes, steps)
+    for at, index in sorted(int_axes, reverse=True):
+        size = x.shape[at]
+        if not -size <= index < size:
+            return None
+        name = e.op("Gather", [name, e.scalar_int(index)], axis=at)
+    if tensor_axis is not None:
+        name = e.op("Gather", [name, _index(call, tensors[0])], axis=tensor_axis)
+    news = []
+    position = 0
+    for item in items:
+        if item is None:
+            news.append(position)
+            position += 1
+        elif isinstance(item, slice):
+            position += 1
+        elif isinstance(item, Value):
+            position += item.rank
+    if news:
+        name = e.unsqueeze(name, news)
+    if name == x.name:
+        name = e.op("Identity", [name])
+    return name
+
+
+@rule("operator.getitem", "__getitem__")
+def getitem(call: Call) -> str:
+    x, key = call.args[0], call.args[1]
+    if not isinstance(x, Value):
+        raise call.refuse("indexing a non-tensor")
+    items = _expand_key(key, x.rank)
+    if items is not None:
+        before = len(call.e.nodes)
+        name = _basic(call, x, items)
+        if name is not None:
+            return name
+        del call.e.nodes[before:]
+    # Any other key: the flat positions it selects, if no part of it is traced.
+    example_key = call.example_args[1]
+    traced = _traced_parts(key)
+    if traced:
+        raise call.refuse("a traced index mixed with other indices (only one tensor index "
+                          "with slices is written); boolean masks give data-dependent shapes")
+    with torch.no_grad():
+        positions = torch.arange(x.example.numel()).reshape(x.shape)[example_key]
+    return call.e.op("Gather", [call.e.reshape(x.name, (-1,)), call.e.tensor_const(positions)],
+                     axis=0)
+
+
+def _traced_parts(key: Any) -> bool:
+    """Whether any part of the key is a value computed from the node's inputs (not a
+    folded constant)."""
+    items = key if isinstance(key, (tuple, list)) else (key,)
+    for item in items:
+        if isinstance(item, Value) and not item.const:
+            return True
+    return False
+
+
+@rule("pad")
+def pad(call: Call) -> str:
+    """F.pad: torch's pairs run from the last dim backwards; ONNX wants all begins,
+    then all ends.  replicate is ONNX's edge, circular its wrap (opset 19)."""
+    e = call.e
+    x = call.args[0]
+    widths = [int(v) for v in call.arg(1, "pad")]
+    mode = call.arg(2, "mode", "constant")
+    value = call.arg(3, "value", None)
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+                 "circular": "wrap"}.get(mode)
+    if onnx_mode is None or (onnx_mode == "wrap" and call.opset < 19):
+        raise call.refuse(f"mode={mode!r} at opset {call.opset}")
+    begins, ends = [0] * x.rank, [0] * x.rank
+    for k in range(len(widths) // 2):
+        axis = x.rank - 1 - k
+        begins[axis], ends[axis] = widths[2 * k], widths[2 * k + 1]
+    inputs = [x.name, e.ints(begins + ends)]
+    if onnx_mode == "constant":
+        inputs.append(operand(call, 0.0 if value is None else value, x.dtype))
+    return e.op("Pad", inputs, mode=onnx_mode)
+
+
+@rule("broadcast_tensors")
+def broadcast_tensors(call: Call) -> list[str]:
+    """Each tensor expanded to the common shape (torch.distributions' broadcast_all)."""
+    e = call.e
+    tensors = list(call.args[0]) if len(call.args) == 1 and isinstance(call.args[0], (list, tuple)) \
+        else list(call.args)
+    results = []
+    for t, out in zip(tensors, call.out):
+        if not isinstance(t, Value):
+            raise call.refuse("a non-tensor argument")
+        if t.shape == tuple(out.shape):
+            results.append(e.op("Identity", [t.name]))
+        else:
+            results.append(e.op("Expand", [t.name, e.ints(out.shape)]))
+    return results

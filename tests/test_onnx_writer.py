@@ -1,0 +1,919 @@
+"""leapp's ONNX writer (leapp.compiling.onnx_writer), rule family by rule family.
+
+Each case is traced with leapp (the writer's real input: the node's torch.fx
+graph with the traced port values), written with the writer alone (a call
+without a rule fails the test), checked by onnx.checker (full check) and run in
+onnxruntime on fresh random inputs (fixed seeds, not the traced ones) against
+torch eager: same dtype, same shape, values within float tolerance, or equal
+where eager's rounding must be kept (float16 arithmetic, integer maths).
+
+Then the backend: onnx / onnx-dynamo nodes go through the writer, a node with
+an op that has no rule falls back to torch's exporter and log.txt and the
+progress line name the op, LEAPP_ONNX_WRITER=torch forces torch's exporter
+with the same YAML, and the examples and the rsl-rl-lib exports need no
+fallback.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+import leapp
+from leapp import _core, annotate
+from leapp.compiling import onnx_writer
+from leapp.compiling.backends.onnx import deduplicate_names
+from leapp.tracing.session import info
+
+from support import ROOT
+
+FALLBACK = "torch's ONNX exporter"
+DEFAULT_OPSET = 20
+
+# ---------------------------------------------------------------------------
+# inputs
+
+
+class Spec:
+    """How to draw one input: shape, dtype and a kind (normal, index below n, ...)."""
+
+    def __init__(self, shape: tuple, dtype: torch.dtype = torch.float32, kind: str = "normal",
+                 high: int = 10) -> None:
+        self.shape, self.dtype, self.kind, self.high = shape, dtype, kind, high
+
+    def draw(self, gen: torch.Generator) -> torch.Tensor:
+        if self.kind == "index":
+            return torch.randint(0, self.high, self.shape, generator=gen).to(self.dtype)
+        if self.kind == "grid":  # small integers as floats: zeros, ties, exact halves
+            return (torch.randint(-4, 5, self.shape, generator=gen) / 2).to(self.dtype)
+        if self.dtype == torch.bool:
+            return torch.rand(self.shape, generator=gen) > 0.5
+        if not self.dtype.is_floating_point:
+            low = 0 if self.dtype == torch.uint8 else -self.high
+            return torch.randint(low, self.high, self.shape, generator=gen).to(self.dtype)
+        return (torch.randn(self.shape, generator=gen) * 2).to(self.dtype)
+
+
+def f(*shape: int, dtype: torch.dtype = torch.float32) -> Spec:
+    return Spec(shape, dtype)
+
+
+def i(*shape: int, dtype: torch.dtype = torch.int64, high: int = 10) -> Spec:
+    return Spec(shape, dtype, high=high)
+
+
+def idx(high: int, *shape: int) -> Spec:
+    return Spec(shape, torch.int64, kind="index", high=high)
+
+
+def grid(*shape: int, dtype: torch.dtype = torch.float32) -> Spec:
+    return Spec(shape, dtype, kind="grid")
+
+
+def b(*shape: int) -> Spec:
+    return Spec(shape, torch.bool)
+
+
+# ---------------------------------------------------------------------------
+# tracing, writing, running
+
+
+def _as_dict(result: Any) -> dict[str, torch.Tensor]:
+    if isinstance(result, dict):
+        return result
+    if isinstance(result, (tuple, list)):
+        return {f"out{k}": t for k, t in enumerate(result)}
+    return {"out": result}
+
+
+def trace_node(tmp_path: Any, fn: Callable, inputs: list[torch.Tensor]) -> Any:
+    """Trace fn on inputs as node 'node' (not compiled); the C core's node."""
+    names = [f"in{k}" for k in range(len(inputs))]
+    leapp.start(name="writer", save_path=str(tmp_path))
+    traced = annotate.input_tensors("node", dict(zip(names, inputs)))
+    traced = traced if isinstance(traced, tuple) else (traced,)
+    with torch.no_grad():
+        outputs = _as_dict(fn(*traced))
+    annotate.output_tensors("node", outputs, export_with="onnx")
+    leapp.stop()
+    return _core.nodes()["node"]
+
+
+def write_node(node: Any, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """The node written as the onnx backend does (a state port named <name>_in / _out)."""
+    module = info(node).graph_module.module
+    inputs, outputs = deduplicate_names(node.name, [p.name for p in node.inputs],
+                                        [p.name for p in node.outputs])
+    model = onnx_writer.write_model(node.name, module, [p.value for p in node.inputs], inputs,
+                                    outputs, opset)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def run_model(model: onnx.ModelProto, feed: dict[str, torch.Tensor]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    wanted = [x.name for x in session.get_inputs()]
+    return session.run(None, {name: _to_numpy(feed[name]) for name in wanted})
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        raise AssertionError("bfloat16 ports are not fed through numpy in these tests")
+    return t.detach().numpy()
+
+
+def check_case(tmp_path: Any, fn: Callable, specs: list[Spec], exact: bool = False,
+               opset: int = DEFAULT_OPSET, draws: int = 3, rtol: float = 1e-5,
+               atol: float = 1e-5) -> onnx.ModelProto:
+    """Trace on one draw, write, then compare with eager on `draws` fresh draws."""
+    gen = torch.Generator().manual_seed(1234)
+    traced_inputs = [s.draw(gen) for s in specs]
+    node = trace_node(tmp_path, fn, traced_inputs)
+    model = write_node(node, opset)
+    assert [o.name for o in model.graph.output] == [p.name for p in node.outputs]
+    for _ in range(draws):
+        fresh = [s.draw(gen) for s in specs]
+        with torch.no_grad():
+            want = _as_dict(fn(*fresh))
+        got = run_model(model, {f"in{k}": t for k, t in enumerate(fresh)})
+        assert len(got) == len(want)
+        for (key, expected), actual in zip(want.items(), got):
+            expected = expected.detach()
+            actual_t = torch.from_numpy(np.array(actual))
+            assert actual_t.dtype == expected.dtype, (key, actual_t.dtype, expected.dtype)
+            assert tuple(actual_t.shape) == tuple(expected.shape), (key, actual_t.shape,
+                                                                     expected.shape)
+            if exact or not expected.dtype.is_floating_point:
+                assert torch.equal(actual_t, expected) or (
+                    expected.dtype.is_floating_point
+                    and torch.equal(torch.nan_to_num(actual_t, 7.0),
+                                    torch.nan_to_num(expected, 7.0))), \
+                    (key, actual_t, expected)
+            else:
+                torch.testing.assert_close(actual_t, expected, rtol=rtol, atol=atol,
+                                           equal_nan=True, msg=lambda m: f"{key}: {m}")
+    return model
+
+
+# ---------------------------------------------------------------------------
+# elementwise maths
+
+ELEMENTWISE = {
+    "add_sub_mul_div": (lambda x, y: {"a": x + y, "s": x - y, "m": x * y, "d": x / y,
+                                      "alpha": torch.add(x, y, alpha=2),
+                                      "sub_alpha": torch.sub(x, y, alpha=0.5)},
+                        [f(2, 3), f(2, 3)]),
+    "scalars_reversed": (lambda x: {"radd": 2.0 + x, "rsub": 3.0 - x, "rmul": 2.5 * x,
+                                    "rdiv": 1.0 / (x.abs() + 1), "rpow": 2.0 ** x,
+                                    "neg": -x, "pos": +x}, [f(3, 4)]),
+    "broadcasting": (lambda x, y, z: {"xy": x * y, "xz": x - z, "all": x + y * z},
+                     [f(3, 1), f(4), f(2, 1, 1)]),
+    "int_float_promotion": (lambda n, x: {"add": n + x, "mul_f": n * 0.5, "div_int": n / 3,
+                                          "add_int": n + 2, "int_div_int": n / (n.abs() + 1)},
+                            [i(2, 3), f(2, 3)]),
+    "int32_int64": (lambda a, c: {"sum": a + c, "prod": a * c},
+                    [i(4, dtype=torch.int32), i(4)]),
+    "floor_divide": (lambda x, y: {"f": x // 0.5, "fy": x // y, "neg": (-x) // 0.3,
+                                   "fn": torch.floor_divide(x, -0.7),
+                                   "trunc": torch.div(x, y, rounding_mode="trunc"),
+                                   "floor": torch.div(x, y, rounding_mode="floor")},
+                     [grid(3, 4), Spec((3, 4), kind="grid")]),
+    "int_division": (lambda a, c: {"floordiv": a // (c.abs() + 1), "neg": (-a) // 3,
+                                   "trunc": torch.div(a, c.abs() + 1, rounding_mode="trunc"),
+                                   "rem": a % 3, "rem_neg": a % -4,
+                                   "fmod": torch.fmod(a, 3)}, [i(3, 5), i(3, 5)]),
+    "remainder_float": (lambda x: {"mod": x % 0.7, "neg_mod": x % -0.7,
+                                   "rem": torch.remainder(x, 1.5),
+                                   "fmod": torch.fmod(x, 0.7)}, [f(4, 5)]),
+    "powers": (lambda x: {"sq": x ** 2, "cube": x ** 3, "sqrt": x.abs() ** 0.5,
+                          "inv": (x.abs() + 1) ** -1, "inv2": (x.abs() + 1) ** -2,
+                          "rsqrt": (x.abs() + 1) ** -0.5, "gen": (x.abs() + 0.1) ** 1.7,
+                          "one": x ** 1, "zero": x ** 0, "square": x.square(),
+                          "tensor_exp": x.abs() ** (x * 0.1)}, [f(3, 4)]),
+    "int_pow": (lambda a: {"sq": a ** 2, "pow3": torch.pow(a, 3)}, [i(5, high=6)]),
+    "unary_maths": (lambda x: {
+        "exp": torch.exp(x), "log": torch.log(x.abs() + 0.1), "sqrt": torch.sqrt(x.abs()),
+        "rsqrt": torch.rsqrt(x.abs() + 0.1), "sin": torch.sin(x), "cos": x.cos(),
+        "tan": torch.tan(x * 0.3), "asin": torch.asin(torch.tanh(x)),
+        "acos": torch.acos(torch.tanh(x)), "atan": torch.atan(x), "sinh": torch.sinh(x),
+        "cosh": torch.cosh(x), "asinh": torch.asinh(x), "acosh": torch.acosh(x.abs() + 1),
+        "atanh": torch.atanh(torch.tanh(x) * 0.9), "erf": torch.erf(x),
+        "reciprocal": (x.abs() + 1).reciprocal(), "log2": torch.log2(x.abs() + 1),
+        "log10": torch.log10(x.abs() + 1), "log1p": torch.log1p(x.abs()),
+        "expm1": torch.expm1(x), "exp2": torch.exp2(x), "abs": abs(x), "sign": x.sign(),
+        "sigmoid": torch.sigmoid(x), "tanh": x.tanh()}, [f(4, 5)]),
+    "rounding": (lambda x: {"floor": x.floor(), "ceil": torch.ceil(x), "round": x.round(),
+                            "trunc": x.trunc(), "frac": torch.frac(x),
+                            "int_floor": x.long().floor()}, [grid(4, 5)]),
+    "atan2": (lambda y, x: {"atan2": torch.atan2(y, x), "axes": torch.atan2(y * 0, x),
+                            "on_x0": torch.atan2(y, x * 0),
+                            "origin": torch.atan2(y * 0, x * 0)}, [grid(5, 6), grid(5, 6)]),
+    "clamp": (lambda x, lo: {"both": x.clamp(-0.5, 0.5), "min": torch.clamp(x, min=0.1),
+                             "max": x.clamp(max=-0.2), "tensor": x.clamp(min=lo),
+                             "tensors": torch.clamp(x, lo, lo + 1), "crossed": x.clamp(1, -1),
+                             "clamp_min": x.clamp_min(0.0), "clip": x.clip(-1, 1)},
+              [f(3, 4), f(4)]),
+    "clamp_int": (lambda a: {"c": a.clamp(-2, 3), "f": a.clamp(min=0.5)}, [i(6)]),
+    "min_max_binary": (lambda x, y: {"max": torch.maximum(x, y), "min": torch.minimum(x, y),
+                                     "max2": torch.max(x, y), "min2": torch.min(x, y)},
+                       [f(3, 4), f(4)]),
+    "lerp_addc": (lambda x, y, w: {"lerp": torch.lerp(x, y, 0.25),
+                                   "lerp_hi": torch.lerp(x, y, 0.75),
+                                   "lerp_t": torch.lerp(x, y, w),
+                                   "addcmul": torch.addcmul(x, x, y, value=0.5),
+                                   "addcdiv": torch.addcdiv(x, x, y.abs() + 1, value=2)},
+                  [f(3, 4), f(3, 4), Spec((3, 4), kind="normal")]),
+    "hypot_copysign_nan": (lambda x, y: {"hypot": torch.hypot(x, y),
+                                         "copysign": torch.copysign(x, y),
+                                         "nan_to_num": torch.nan_to_num(torch.log(x))},
+                           [f(3, 4), f(3, 4)]),
+    "float64": (lambda x, y: {"m": x * y + 1.5, "e": torch.exp(x) / (y.abs() + 1)},
+                [f(3, dtype=torch.float64), f(3, dtype=torch.float64)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ELEMENTWISE))
+def test_elementwise(tmp_path, case):
+    fn, specs = ELEMENTWISE[case]
+    check_case(tmp_path, fn, specs)
+
+
+def test_float16_arithmetic_rounds_as_eager(tmp_path):
+    """`(x.half() * 3.3).float()` computes in float16 (rounds after each op) and the
+    Python number is not rounded to float16 first: bit-equal to eager."""
+    def fn(x, y):
+        h = x.half()
+        return {"scaled": (h * 3.3).float(), "sum": (h + y.half()).float(),
+                "chain": ((h * 3.3 + 0.1) / 7.0).float(), "half_out": h * y.half(),
+                "exp": torch.exp(h), "cmp": h <= 0.1, "bf16": (x.bfloat16() * 3.3).float()}
+    model = check_case(tmp_path, fn, [f(64), f(64)], exact=True)
+    assert "Cast" in [n.op_type for n in model.graph.node]
+
+
+def test_integer_wraparound(tmp_path):
+    check_case(tmp_path, lambda a, c: {"mul": a * c, "add": a + c, "neg": -a},
+               [i(8, dtype=torch.int8, high=100), i(8, dtype=torch.int8, high=100)])
+
+
+# ---------------------------------------------------------------------------
+# activations
+
+ACTIVATIONS = {
+    "relu_family": (lambda x: {"relu": torch.relu(x), "F_relu": F.relu(x), "relu6": F.relu6(x * 4),
+                               "leaky": F.leaky_relu(x, 0.1), "leaky_default": F.leaky_relu(x),
+                               "hardtanh": F.hardtanh(x, -0.5, 0.7),
+                               "prelu": nn.PReLU(3).eval()(x)}, [f(2, 3, 4)]),
+    "exponential": (lambda x: {"elu": F.elu(x), "elu_a": F.elu(x, alpha=0.5), "selu": F.selu(x),
+                               "celu": F.celu(x, 1.5), "softplus": F.softplus(x),
+                               "softplus_beta": F.softplus(x * 10, beta=2, threshold=5),
+                               "logsigmoid": F.logsigmoid(x), "mish": F.mish(x),
+                               "silu": F.silu(x), "softsign": F.softsign(x),
+                               "tanhshrink": F.tanhshrink(x)}, [f(3, 5)]),
+    "gelu": (lambda x: {"erf": F.gelu(x), "tanh": F.gelu(x, approximate="tanh")}, [f(4, 5)]),
+    "hard": (lambda x: {"hs": F.hardsigmoid(x * 3), "hw": F.hardswish(x * 3)}, [f(4, 5)]),
+    "softmax": (lambda x: {"sm": F.softmax(x, dim=-1), "sm0": torch.softmax(x, 0),
+                           "lsm": torch.log_softmax(x, dim=1),
+                           "sm64": F.softmax(x, dim=1, dtype=torch.float64),
+                           "softmin": F.softmin(x, dim=2)}, [f(2, 3, 4)]),
+    "glu_expit": (lambda x: {"glu": F.glu(x), "glu0": F.glu(x, 0),
+                             "expit": torch.special.expit(x)}, [f(4, 6)]),
+    "modules": (lambda x: {"seq": nn.Sequential(nn.ELU(), nn.Tanh(), nn.Sigmoid(), nn.SiLU(),
+                                                 nn.Softplus(), nn.Mish(), nn.GELU(),
+                                                 nn.Dropout(0.3)).eval()(x)}, [f(3, 5)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ACTIVATIONS))
+def test_activations(tmp_path, case):
+    fn, specs = ACTIVATIONS[case]
+    check_case(tmp_path, fn, specs)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_activations_composed_below_their_opset(tmp_path, opset):
+    """Gelu (an op from 20) and Mish (from 18) are compositions below those opsets."""
+    model = check_case(tmp_path, lambda x: {"g": F.gelu(x), "gt": F.gelu(x, approximate="tanh"),
+                                            "m": F.mish(x)}, [f(4, 5)], opset=opset)
+    ops = {n.op_type for n in model.graph.node}
+    assert "Gelu" not in ops
+    assert ("Mish" in ops) == (opset >= 18)
+    assert model.opset_import[0].version == opset
+
+
+# ---------------------------------------------------------------------------
+# reductions
+
+REDUCTIONS = {
+    "sum_mean": (lambda x: {"sum": x.sum(), "sum1": x.sum(dim=1), "sumneg": x.sum(-1, keepdim=True),
+                            "sum_dims": x.sum(dim=(0, 2)), "mean": x.mean(),
+                            "mean_keep": x.mean(dim=-1, keepdim=True),
+                            "sum64": x.sum(dim=0, dtype=torch.float64), "prod": (x * 0.5).prod(1),
+                            "amax": torch.amax(x, dim=(0, 1)), "amin": x.amin(-1)},
+                 [f(2, 3, 4)]),
+    "integer_sums": (lambda a, m: {"sum": a.sum(), "sum_dim": a.sum(1), "count": m.sum(),
+                                   "count_dim": m.sum(dim=-1), "cumsum": a.cumsum(1),
+                                   "i32": a.int().sum(0), "nz": torch.count_nonzero(a, dim=1)},
+                     [i(3, 4), b(3, 4)]),
+    "max_min": (lambda x: {"max": x.max(), "max_dim": x.max(dim=1).values,
+                           "max_idx": x.max(dim=1).indices,
+                           "min_keep": torch.min(x, dim=-1, keepdim=True)[0],
+                           "min_idx": torch.min(x, -1, True)[1], "argmax": x.argmax(dim=-1),
+                           "argmax_all": x.argmax(), "argmin_keep": x.argmin(1, keepdim=True)},
+                [grid(2, 5, 4)]),
+    "statistics": (lambda x: {"std": x.std(dim=1), "var": x.var(), "std_all": x.std(),
+                              "var0": x.var(dim=-1, unbiased=False),
+                              "corr": torch.var(x, dim=(0, 1), correction=0, keepdim=True),
+                              "std_keep": torch.std(x, 2, keepdim=True)}, [f(2, 3, 4)]),
+    "norms": (lambda x: {"norm": x.norm(dim=-1), "norm_all": x.norm(),
+                         "l1": x.norm(p=1, dim=1), "inf": torch.linalg.vector_norm(x, float("inf"),
+                                                                                   dim=-1),
+                         "p3": torch.linalg.vector_norm(x, 3, dim=(1, 2), keepdim=True),
+                         "lse": torch.logsumexp(x, dim=1)}, [f(2, 3, 4)]),
+    "cumsum_any_all": (lambda x: {"cumsum": torch.cumsum(x, dim=2), "cumsum0": x.cumsum(0),
+                                  "any": (x > 1).any(dim=-1), "all": (x > -3).all(),
+                                  "any_all": (x > 0).any(), "all_keep": (x > -1).all(1, True)},
+                       [f(2, 3, 4)]),
+    "norm_var_mean": (lambda x: {"linalg": torch.linalg.norm(x, dim=-1),
+                                 "fro": torch.linalg.norm(x[0]), "l1": torch.linalg.norm(x, 1, -1),
+                                 "var_mean0": torch.var_mean(x, dim=1)[0],
+                                 "var_mean1": torch.var_mean(x, dim=1)[1],
+                                 "std_mean": torch.std_mean(x, dim=(0, 2), keepdim=True)[0]},
+                      [f(2, 3, 4)]),
+    "sort_topk": (lambda x: {"topk_v": x.topk(2).values, "topk_i": x.topk(2).indices,
+                             "small": torch.topk(x, 3, dim=0, largest=False)[0],
+                             "sort_v": torch.sort(x, dim=1)[0],
+                             "sort_desc": x.sort(descending=True)[0],
+                             "argsort": x.argsort(dim=-1)}, [f(4, 6)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REDUCTIONS))
+def test_reductions(tmp_path, case):
+    fn, specs = REDUCTIONS[case]
+    check_case(tmp_path, fn, specs)
+
+
+def test_reductions_at_opset_17(tmp_path):
+    """Below opset 18 the Reduce* axes are attributes (ReduceSum's an input since 13)."""
+    model = check_case(tmp_path, REDUCTIONS["sum_mean"][0], [f(2, 3, 4)], opset=17)
+    means = [n for n in model.graph.node if n.op_type == "ReduceMean"]
+    assert means and all(len(n.input) == 1 for n in means)
+
+
+# ---------------------------------------------------------------------------
+# shapes and indexing
+
+def _setitems(x, y):
+    z = x.clone()
+    z[:, 0] = 0.0
+    z[0, 1:, 2] = y[0, 1:, 2]
+    w = y.clone()
+    w[w > 0] = 1.0
+    u = torch.zeros(2, 3, 4)
+    u[1] = x[0]
+    v = x.clone()
+    v[..., -1] += 2.0
+    return {"z": z, "w": w, "u": u, "v": v}
+
+
+def _history(hist, obs):
+    """An observation history shifted by one step (Isaac Lab's CircularBuffer as a cat)."""
+    shifted = torch.cat([hist[:, 1:], obs.unsqueeze(1)], dim=1)
+    return {"history": shifted, "flat": shifted.flatten(1), "last": shifted[:, -1]}
+
+
+SHAPES = {
+    "views": (lambda x: {"view": x.view(2, 12), "reshape": x.reshape(-1), "flat": torch.flatten(x, 1),
+                         "unflatten": x.unflatten(2, (2, 2)), "unsq": x.unsqueeze(-1),
+                         "sq": x[:1].squeeze(0), "sq_all": x[:1, :1].squeeze(),
+                         "view_as": x.view_as(torch.zeros(4, 6)), "ravel": x.ravel()},
+              [f(2, 3, 4)]),
+    "permutations": (lambda x: {"permute": x.permute(2, 0, 1), "transpose": x.transpose(0, -1),
+                                "mT": x.mT, "T": x[0].T, "t": x[0].t(),
+                                "movedim": torch.movedim(x, 0, -1),
+                                "swap": x.swapaxes(1, 2), "contig": x.transpose(1, 2).contiguous()},
+                     [f(2, 3, 4)]),
+    "expand_repeat": (lambda x: {"expand": x[:, :1].expand(2, 3, 4), "expand_neg": x[..., :1].expand(-1, -1, 5),
+                                 "expand_as": x[:1].expand_as(x), "repeat": x.repeat(1, 2, 1),
+                                 "repeat_more": x.repeat(2, 1, 1, 1), "tile": x.tile((2,)),
+                                 "broadcast": torch.broadcast_to(x[0, 0], (3, 4)),
+                                 "tensors0": torch.broadcast_tensors(x[0, :, :1], x[1, 0])[0],
+                                 "tensors1": torch.broadcast_tensors(x[0, :, :1], x[1, 0])[1]},
+                      [f(2, 3, 4)]),
+    "flip_roll": (lambda x: {"flip": torch.flip(x, dims=[2]), "flip2": x.flip(0, -1),
+                             "roll": x.roll(1, dims=1), "roll_neg": torch.roll(x, -2, 2),
+                             "roll_flat": x.roll(3), "roll_two": x.roll((1, 1), (0, 2))},
+                  [f(2, 3, 4)]),
+    "cat_stack": (lambda x, y, n: {"cat": torch.cat([x, y], dim=-1), "cat0": torch.cat((x, y)),
+                                   "cat_promote": torch.cat([x, n], dim=1),
+                                   "stack": torch.stack([x, y]), "stack_neg": torch.stack([x, y], -1),
+                                   "single": torch.cat([x]), "concat": torch.concat([y, x], 1)},
+                  [f(2, 3), f(2, 3), i(2, 3)]),
+    "splits": (lambda x: {"chunk0": x.chunk(2, -1)[0], "chunk1": torch.chunk(x, 2, dim=-1)[1],
+                          "split": x.split([1, 2], dim=1)[1], "split_eq": x.split(2, -1)[1],
+                          "unbind": torch.unbind(x, 0)[1], "unbind_last": x.unbind(-1)[3],
+                          "tsplit": torch.tensor_split(x, 3, dim=1)[2],
+                          "narrow": x.narrow(2, 1, 2), "narrow_neg": x.narrow(-1, -3, 2),
+                          "select": x.select(1, -1)}, [f(2, 3, 4)]),
+    "getitem_basic": (lambda x: {"int": x[0], "neg": x[-1, -1], "slice": x[:, 1:3],
+                                 "step": x[..., ::2], "none": x[:, None], "ellipsis": x[..., 1],
+                                 "mixed": x[1, :, None, 2:], "range": x[:, -2:, :-1],
+                                 "clamped": x[:, 1:100], "empty_tail": x[0, ..., None]},
+                      [f(2, 3, 4)]),
+    "getitem_tensor": (lambda x, k: {"const_idx": x[:, torch.tensor([2, 0, 1])],
+                                     "traced_idx": x[:, k], "traced_last": x[..., k],
+                                     "list_idx": x[[1, 0]],
+                                     "two_const": x[torch.tensor([0, 1]), torch.tensor([2, 0])],
+                                     "const_mask": x[:, torch.tensor([True, False, True])],
+                                     "index_select": torch.index_select(x, 2, k),
+                                     "gather": torch.gather(x, 2, k.view(1, 1, 3).expand(2, 3, 3)),
+                                     "take": torch.take_along_dim(x, k.view(1, 3, 1).expand(2, 3, 1),
+                                                                  dim=2)},
+                       [f(2, 3, 4), idx(3, 3)]),
+    "setitem": (_setitems, [f(2, 3, 4), f(2, 3, 4)]),
+    "masked": (lambda x, m: {"fill": x.masked_fill(x < 0, -1.0), "fill_m": x.masked_fill(m, 2.0),
+                             "where": torch.where(m, x, torch.zeros_like(x))},
+               [f(3, 4), b(3, 4)]),
+    "history": (_history, [f(2, 5, 3), f(2, 3)]),
+    "likes": (lambda x: {"zeros": torch.zeros_like(x), "ones": torch.ones_like(x) * x,
+                         "full": torch.full_like(x, 3.0), "new": x.new_zeros(2, 2),
+                         "arange": x + torch.arange(4)}, [f(3, 4)]),
+    "scatter_tril": (lambda x, k: {"scatter": torch.zeros(3, 4).scatter(1, k.view(3, 1), x[:, :1]),
+                                   "scatter_add": x.scatter_add(1, k.view(3, 1), x[:, 1:2]),
+                                   "tril": x.tril(), "triu": torch.triu(x, 1)},
+                     [f(3, 4), idx(4, 3)]),
+    "pad": (lambda x: {"constant": F.pad(x, (1, 2)), "value": F.pad(x, (0, 1, 2, 0), value=-1.5),
+                       "reflect": F.pad(x[0], (2, 1), mode="reflect"),
+                       "replicate": F.pad(x, (1, 1, 1, 0), mode="replicate"),
+                       "circular": F.pad(x, (1, 2, 0, 1), mode="circular"),
+                       "crop": F.pad(x, (-1, 1))}, [f(1, 3, 4, 5)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPES))
+def test_shapes_and_indexing(tmp_path, case):
+    fn, specs = SHAPES[case]
+    check_case(tmp_path, fn, specs, exact=True)
+
+
+def test_views_write_static_shapes(tmp_path):
+    """Reshape and Expand get eager's static shape, never a -1."""
+    model = check_case(tmp_path, lambda x: {"r": x.reshape(-1, 2), "e": x[:1].expand(-1, 4)},
+                       [f(3, 4)])
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("Reshape", "Expand"):
+            assert (consts[node.input[1]] >= 0).all(), node
+
+
+# ---------------------------------------------------------------------------
+# casts, comparisons, where
+
+CASTS = {
+    "to": (lambda x: {"f64": x.to(torch.float64), "double": x.double(), "int": (x * 10).int(),
+                      "long": (x * 10).long(), "half_back": x.half().float(), "bool": x.bool(),
+                      "type_as": (x * 3).type_as(torch.zeros(1, dtype=torch.int32)),
+                      "kw": x.to(dtype=torch.float64), "byte": (x.abs() * 10).byte(),
+                      "short": (x * 100).short(), "same": x.to(torch.float32),
+                      "device": x.to("cpu")}, [f(3, 4)]),
+    "comparisons": (lambda x, y: {"gt": x > y, "le": x <= 0.1, "eq": x == y, "ne": x != 0.5,
+                                  "lt": torch.lt(x, y), "ge": x >= 0, "float": (x > 0).float(),
+                                  "half_cmp": x.half() <= 0.1, "int_vs_float": x.long() > 0.5,
+                                  "bool_eq": (x > 0) == (y > 0)}, [grid(4, 5), grid(4, 5)]),
+    "logical": (lambda m, n, x: {"and": m & n, "or": m | n, "xor": m ^ n, "not": ~m,
+                                 "land": torch.logical_and(m, x > 0),
+                                 "lor": torch.logical_or(m, x), "lnot": torch.logical_not(x),
+                                 "lxor": torch.logical_xor(m, n)},
+                [b(3, 4), b(3, 4), grid(3, 4)]),
+    "bitwise_ints": (lambda a, c: {"and": a & c, "or": a | c, "xor": a ^ c, "not": ~a},
+                     [i(6, high=50), i(6, high=50)]),
+    "where": (lambda m, x, n: {"w": torch.where(m, x, -x), "scalar": torch.where(m, x, 0.0),
+                               "both_scalar": torch.where(m, 1.0, -1.0),
+                               "promote": torch.where(m, n, x), "ints": torch.where(m, n, 7),
+                               "half": torch.where(m, x.half(), x.half() * 2)},
+              [b(3, 4), f(3, 4), i(3, 4)]),
+    "float_tests": (lambda x: {"isnan": torch.isnan(torch.log(x)), "isinf": torch.isinf(1 / x),
+                               "isfinite": torch.isfinite(torch.log(x) / x)}, [grid(4, 5)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASTS))
+def test_casts_comparisons_where(tmp_path, case):
+    fn, specs = CASTS[case]
+    check_case(tmp_path, fn, specs, exact=True)
+
+
+# ---------------------------------------------------------------------------
+# linear algebra and layers
+
+torch.manual_seed(0)
+_M = torch.randn(4, 5)
+_LIN = nn.Linear(4, 6).eval()
+_MLP = nn.Sequential(nn.Linear(48, 64), nn.ELU(), nn.Linear(64, 32), nn.ELU(),
+                     nn.Linear(32, 12)).eval()
+_LN = nn.LayerNorm(4).eval()
+_BN = nn.BatchNorm2d(3).eval()
+with torch.no_grad():
+    _BN.running_mean.uniform_(-0.5, 0.5)
+    _BN.running_var.uniform_(0.5, 1.5)
+_CONV = nn.Conv2d(3, 4, 3, padding=1).eval()
+_CONV_SAME = nn.Conv1d(3, 2, 4, padding="same", dilation=2).eval()
+_CONV_GROUPS = nn.Conv2d(4, 4, 3, stride=2, groups=2, bias=False).eval()
+_CONV_T = nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1).eval()
+_EMB = nn.Embedding(10, 3).eval()
+
+
+def _quat_mul(q1, q2):
+    w1, x1, y1, z1 = q1[:, 0], q1[:, 1], q1[:, 2], q1[:, 3]
+    w2, x2, y2, z2 = q2[:, 0], q2[:, 1], q2[:, 2], q2[:, 3]
+    ww = (z1 + x1) * (x2 + y2)
+    yy = (w1 - y1) * (w2 + z2)
+    zz = (w1 + y1) * (w2 - z2)
+    xx = ww + yy + zz
+    qq = 0.5 * (xx + (z1 - x1) * (x2 - y2))
+    w = qq - ww + (z1 - y1) * (y2 - z2)
+    x = qq - xx + (x1 + w1) * (x2 + w2)
+    y = qq - yy + (w1 - x1) * (y2 + z2)
+    z = qq - zz + (z1 + y1) * (w2 - x2)
+    return torch.stack([w, x, y, z], dim=-1)
+
+
+def _quat_apply(quat, vec):
+    xyz = quat[:, 1:]
+    t = xyz.cross(vec, dim=-1) * 2
+    return vec + quat[:, 0:1] * t + xyz.cross(t, dim=-1)
+
+
+def _quat_rotate_inverse(q, v):
+    q_w = q[:, 0]
+    q_vec = q[:, 1:]
+    a = v * (2.0 * q_w ** 2 - 1.0).unsqueeze(-1)
+    b_ = torch.cross(q_vec, v, dim=-1) * q_w.unsqueeze(-1) * 2.0
+    c = q_vec * torch.bmm(q_vec.view(q.shape[0], 1, 3), v.view(q.shape[0], 3, 1)).squeeze(-1) * 2.0
+    return a - b_ + c
+
+
+def _yaw_quat(quat):
+    q = F.normalize(quat, dim=-1)
+    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    yaw = torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    out = torch.zeros_like(q)
+    out[:, 0] = torch.cos(yaw / 2)
+    out[:, 3] = torch.sin(yaw / 2)
+    return F.normalize(out, dim=-1)
+
+
+def _isaac_terms(quat, vec, vel):
+    q = quat / quat.norm(p=2, dim=-1, keepdim=True).clamp(min=1e-9)
+    return {"apply": _quat_apply(q, vec), "rot_inv": _quat_rotate_inverse(q, vel),
+            "mul": _quat_mul(q, q.flip(-1)), "yaw": _yaw_quat(quat),
+            "heading": torch.atan2(vec[:, 1], vec[:, 0]),
+            "wrap": torch.remainder(vec[:, 2] + math.pi, 2 * math.pi) - math.pi}
+
+
+LAYERS = {
+    "matmul": (lambda x, y, v: {"op": x @ _M, "mm": torch.mm(x[0], _M), "bmm": torch.bmm(x, y.transpose(1, 2)),
+                                "vec": x @ v, "vecmat": v @ _M, "dot": torch.dot(v, v),
+                                "outer": torch.outer(v, v), "einsum": torch.einsum("bij,jk->bik", x, _M),
+                                "addmm": torch.addmm(torch.ones(5), x[0], _M, beta=0.5)},
+               [f(2, 3, 4), f(2, 3, 4), f(4)]),
+    "linear": (lambda x: {"F": F.linear(x, _M.T, torch.ones(5)), "nobias": F.linear(x[0], _M.T),
+                          "module": _LIN(x), "module2d": _LIN(x[0])}, [f(2, 3, 4)]),
+    "mlp_policy": (lambda obs: {"actions": _MLP((obs - 0.1) / 1.5)}, [f(1, 48)]),
+    "norms": (lambda x, s: {"layer": F.layer_norm(s, (16,)), "module": _LN(s[..., :4]),
+                            "batch": _BN(x), "group": F.group_norm(x, 3),
+                            "group_affine": nn.GroupNorm(1, 3).eval()(x),
+                            "normalize": F.normalize(s, dim=-1),
+                            "normalize_l1": F.normalize(s, p=1.0, dim=1)},
+              [f(1, 3, 6, 6), f(1, 3, 16)]),
+    "conv": (lambda img, seq: {"conv": _CONV(img), "same": _CONV_SAME(seq),
+                               "groups": _CONV_GROUPS(torch.cat([img, img[:, :1]], 1)),
+                               "transposed": _CONV_T(img),
+                               "conv1d": F.conv1d(seq, torch.ones(2, 3, 3), stride=2),
+                               "unbatched": F.conv1d(seq[0], torch.ones(2, 3, 3))},
+             [f(1, 3, 8, 8), f(1, 3, 16)]),
+    "pooling": (lambda img, seq: {"max": F.max_pool2d(img, 2), "avg": F.avg_pool2d(img, 2),
+                                  "ceil": F.max_pool2d(img, 3, stride=2, ceil_mode=True),
+                                  "pad": F.avg_pool2d(img, 3, 1, 1),
+                                  "pad_exclude": F.avg_pool2d(img, 3, 1, 1, count_include_pad=False),
+                                  "adaptive": F.adaptive_avg_pool2d(img, (2, 2)),
+                                  "global": F.adaptive_avg_pool2d(img, 1),
+                                  "max1d": F.max_pool1d(seq, 2)}, [f(1, 3, 8, 8), f(1, 3, 16)]),
+    "interpolate": (lambda img: {"nearest": F.interpolate(img, scale_factor=2.0),
+                                 "size": F.interpolate(img, size=(5, 7)),
+                                 "bilinear": F.interpolate(img, size=(6, 10), mode="bilinear"),
+                                 "aligned": F.interpolate(img, size=(6, 10), mode="bilinear",
+                                                          align_corners=True)},
+                    [f(1, 2, 4, 5)]),
+    "attention": (lambda q, k, v, m: {
+        "plain": F.scaled_dot_product_attention(q, k, v),
+        "causal": F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "masked": F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        "additive": F.scaled_dot_product_attention(q, k, v, attn_mask=m.float() * -2.0,
+                                                   scale=0.3)},
+        [f(2, 3, 4), f(2, 3, 4), f(2, 3, 5), Spec((3, 3), torch.bool)]),
+    "one_hot": (lambda k: {"one_hot": F.one_hot(k, 10), "float": F.one_hot(k, 10).float()},
+                [idx(10, 2, 3)]),
+    "embedding": (lambda k: {"emb": _EMB(k)}, [idx(10, 2, 3)]),
+    "isaac_lab_terms": (_isaac_terms, [f(4, 4), f(4, 3), f(4, 3)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYERS))
+def test_linear_algebra_and_layers(tmp_path, case):
+    fn, specs = LAYERS[case]
+    check_case(tmp_path, fn, specs, rtol=1e-4, atol=1e-5)
+
+
+def test_layer_norm_at_opset_14(tmp_path):
+    """LayerNormalization is an op from 17; below it the writer composes it."""
+    model = check_case(tmp_path, lambda s: {"ln": _LN(s)}, [f(2, 3, 4)], opset=14)
+    assert "LayerNormalization" not in {n.op_type for n in model.graph.node}
+
+
+def test_linear_is_gemm(tmp_path):
+    model = check_case(tmp_path, LAYERS["mlp_policy"][0], [f(1, 48)])
+    assert [n.op_type for n in model.graph.node] == ["Sub", "Div", "Gemm", "Elu", "Gemm", "Elu",
+                                                      "Gemm"]
+
+
+# ---------------------------------------------------------------------------
+# recurrent cells
+
+torch.manual_seed(1)
+_GRU = nn.GRU(5, 7, num_layers=2, batch_first=True).eval()
+_GRU_BI = nn.GRU(5, 4, bidirectional=True).eval()
+_LSTM = nn.LSTM(5, 6, num_layers=2).eval()
+_LSTM_BF = nn.LSTM(5, 6, batch_first=True).eval()
+_RNN = nn.RNN(5, 3, nonlinearity="relu").eval()
+_GRU_CELL = nn.GRUCell(5, 7).eval()
+_LSTM_CELL = nn.LSTMCell(5, 6).eval()
+_GRU_NOBIAS = nn.GRU(5, 3, bias=False).eval()
+
+
+def _gru(seq, h):
+    out, hn = _GRU(seq, h)
+    return {"out": out, "hn": hn}
+
+
+def _lstm(seq, h, c):
+    out, (hn, cn) = _LSTM(seq, (h, c))
+    out2, (hn2, cn2) = _LSTM_BF(seq.transpose(0, 1), (h[:1], c[:1]))
+    return {"out": out, "hn": hn, "cn": cn, "out_bf": out2, "hn_bf": hn2, "cn_bf": cn2}
+
+
+RECURRENT = {
+    "gru_two_layers": (_gru, [f(2, 4, 5), f(2, 2, 7)]),
+    "gru_bidirectional": (lambda s, h: dict(zip(("out", "hn"), _GRU_BI(s, h))),
+                          [f(4, 2, 5), f(2, 2, 4)]),
+    "gru_no_bias": (lambda s: dict(zip(("out", "hn"), _GRU_NOBIAS(s))), [f(4, 1, 5)]),
+    "lstm": (_lstm, [f(3, 2, 5), f(2, 2, 6), f(2, 2, 6)]),
+    "rnn_relu": (lambda s, h: dict(zip(("out", "hn"), _RNN(s, h))), [f(4, 2, 5), f(1, 2, 3)]),
+    "cells": (lambda x, h, c: {"gru": _GRU_CELL(x, h), "gru_zero": _GRU_CELL(x),
+                               "lstm_h": _LSTM_CELL(x, (h[:, :6], c))[0],
+                               "lstm_c": _LSTM_CELL(x, (h[:, :6], c))[1],
+                               "unbatched": _GRU_CELL(x[0], h[0])},
+              [f(2, 5), f(2, 7), f(2, 6)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECURRENT))
+def test_recurrent(tmp_path, case):
+    fn, specs = RECURRENT[case]
+    check_case(tmp_path, fn, specs, rtol=1e-5, atol=1e-6)
+
+
+def test_gru_is_one_onnx_node_per_layer(tmp_path):
+    model = check_case(tmp_path, _gru, [f(2, 4, 5), f(2, 2, 7)])
+    grus = [n for n in model.graph.node if n.op_type == "GRU"]
+    assert len(grus) == 2
+    assert all(a.i == 1 for n in grus for a in n.attribute if a.name == "linear_before_reset")
+
+
+# ---------------------------------------------------------------------------
+# the catalogue the other backends' tests use
+
+
+def test_op_catalogue_through_the_writer(tmp_path):
+    from op_catalogue import GROUPS
+    for group, (inputs, fn) in GROUPS.items():
+        specs = [Spec(tuple(t.shape), t.dtype) for t in inputs]
+        check_case(tmp_path / group, fn, specs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", ["arith", "shapes", "index", "functional"])
+def test_backend_catalogue_through_the_writer(tmp_path, group):
+    """tests/test_backends.py's catalogue (run there through every backend)."""
+    import test_backends
+    ops, _ = test_backends.GROUPS[group]
+    raw = test_backends._group_inputs(group)
+    specs = [idx(2, *t.shape) if name == "i" else Spec(tuple(t.shape), t.dtype)
+             for name, t in raw.items()]
+    check_case(tmp_path, lambda *a: {op: fn(*a) for op, fn in ops.items()}, specs, rtol=1e-4,
+               atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# refusals
+
+
+def test_a_call_without_a_rule_is_named(tmp_path):
+    node = trace_node(tmp_path, lambda x: {"y": torch.cumprod(x, dim=0) + 1}, [torch.randn(3)])
+    with pytest.raises(onnx_writer.NoRule, match=r"torch\.cumprod"):
+        write_node(node)
+
+
+def test_float64_without_an_onnxruntime_kernel_is_refused(tmp_path):
+    """onnxruntime has no float64 Elu: refused (a fallback), not a model that fails to load."""
+    node = trace_node(tmp_path, lambda x: {"y": F.elu(x.double())}, [torch.randn(3)])
+    with pytest.raises(onnx_writer.NoRule, match="Elu on float64"):
+        write_node(node)
+
+
+def test_a_traced_boolean_mask_is_refused(tmp_path):
+    node = trace_node(tmp_path, lambda x, k: {"y": x[:, k > 0]},
+                      [torch.randn(2, 3), torch.tensor([1, -1, 1])])
+    with pytest.raises(onnx_writer.NoRule, match="data-dependent"):
+        write_node(node)
+
+
+# ---------------------------------------------------------------------------
+# the backend
+
+
+def _compile(tmp_path: Any, fn: Callable, inputs: list[torch.Tensor], export_with: str,
+             graph: str = "g") -> tuple[str, str]:
+    names = [f"in{k}" for k in range(len(inputs))]
+    leapp.start(name=graph, save_path=str(tmp_path))
+    traced = annotate.input_tensors("node", dict(zip(names, inputs)))
+    traced = traced if isinstance(traced, tuple) else (traced,)
+    annotate.output_tensors("node", _as_dict(fn(*traced)), export_with=export_with)
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"node": True}
+    bundle = os.path.join(str(tmp_path), graph)
+    with open(os.path.join(bundle, "log.txt"), encoding="utf-8") as handle:
+        log = handle.read()
+    return bundle, log
+
+
+def _policy(obs, hist):
+    return {"actions": _MLP(torch.cat([obs, hist.flatten(1)], -1)[:, :48]),
+            "hist": torch.cat([hist[:, 1:], obs[:, None, :16]], 1)}
+
+
+@pytest.mark.parametrize("export_with", ["onnx", "onnx-dynamo"])
+def test_onnx_backends_use_the_writer(tmp_path, export_with):
+    inputs = [torch.randn(1, 40), torch.randn(1, 3, 16)]
+    bundle, log = _compile(tmp_path, _policy, inputs, export_with)
+    assert FALLBACK not in log
+    model = onnx.load(os.path.join(bundle, "node.onnx"))
+    assert model.producer_name == "leapp"
+    assert [v.name for v in model.graph.input] == ["in0", "in1"]
+    assert [v.name for v in model.graph.output] == ["actions", "hist"]
+    assert [p.key for p in model.metadata_props] == ["leapp_contract"]
+    assert model.opset_import[0].version == DEFAULT_OPSET
+    with open(os.path.join(bundle, "g.yaml"), encoding="utf-8") as handle:
+        entry = yaml.safe_load(handle)["models"]["node"]
+    assert entry["parameters"]["opset_version"] == DEFAULT_OPSET
+    got = run_model(model, {"in0": inputs[0], "in1": inputs[1]})
+    with torch.no_grad():
+        want = _policy(*inputs)
+    for value, expected in zip(got, want.values()):
+        torch.testing.assert_close(torch.from_numpy(value), expected, rtol=1e-5, atol=1e-6)
+
+
+_NO_EXPORTER = """
+import sys, tempfile, torch, leapp
+from leapp import annotate
+leapp.start(name="g", save_path=tempfile.mkdtemp())
+x = annotate.input_tensors("node", {"x": torch.randn(1, 4)})
+annotate.output_tensors("node", {"y": torch.tanh(x) * 2}, export_with="onnx-dynamo")
+leapp.stop()
+assert leapp.compile_graph(visualize=False) == {"node": True}
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("onnxscript", "onnx_ir")
+             or m.startswith("torch.onnx")))
+"""
+
+
+def test_a_written_node_imports_no_torch_exporter(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]), TQDM_DISABLE="1")
+    env.pop(onnx_writer.ENV, None)
+    done = subprocess.run([sys.executable, "-c", _NO_EXPORTER], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_fallback_is_named_in_log_and_summary(tmp_path, caplog):
+    bundle, log = _compile(tmp_path, lambda x, y: {"y": torch.logaddexp(x, y) * 2},
+                           [torch.randn(2, 3), torch.randn(2, 3)], "onnx-dynamo")
+    assert FALLBACK in log and "torch.logaddexp" in log
+    progress = [line for line in log.splitlines() if "1/1 node" in line]
+    assert progress and "torch's exporter: no ONNX rule for torch.logaddexp" in progress[0]
+    assert onnx.load(os.path.join(bundle, "node.onnx")).producer_name == "pytorch"
+
+
+def _yaml_without_digests(bundle: str) -> str:
+    with open(os.path.join(bundle, "g.yaml"), encoding="utf-8") as handle:
+        return "".join(line for line in handle if "sum:" not in line)
+
+
+def test_env_forces_torch_exporter_with_the_same_yaml(tmp_path, monkeypatch):
+    """LEAPP_ONNX_WRITER=torch: torch's exporter, the same YAML (digests aside) and model
+    interface; compiled into the same bundle, the writer's file is not reused."""
+    inputs = [torch.randn(1, 40), torch.randn(1, 3, 16)]
+    bundle, log = _compile(tmp_path, _policy, inputs, "onnx")
+    assert FALLBACK not in log
+    ours_yaml = _yaml_without_digests(bundle)
+    ours = onnx.load(os.path.join(bundle, "node.onnx"))
+    assert ours.producer_name == "leapp"
+    monkeypatch.setenv(onnx_writer.ENV, "torch")
+    bundle, log = _compile(tmp_path, _policy, inputs, "onnx")
+    assert FALLBACK not in log  # chosen, not a fallback
+    assert "reused" not in " ".join(line for line in log.splitlines() if "1/1 node" in line)
+    theirs = onnx.load(os.path.join(bundle, "node.onnx"))
+    assert theirs.producer_name == "pytorch"
+    assert _yaml_without_digests(bundle) == ours_yaml
+    for a, c in ((ours.graph.input, theirs.graph.input), (ours.graph.output, theirs.graph.output)):
+        assert [(v.name, v.type) for v in a] == [(v.name, v.type) for v in c]
+    assert [(o.domain, o.version) for o in ours.opset_import] == \
+        [(o.domain, o.version) for o in theirs.opset_import]
+
+
+# ---------------------------------------------------------------------------
+# every example node and the rsl-rl-lib exports, without a fallback
+
+
+def _load_example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"writer_example_{name}",
+                                                  os.path.join(ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLES = ["getting_started", "complete_pipeline", "feedback_example", "method_node",
+            "module_buffers", "state_tensors", "stateful_gru_export"]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_node_goes_through_the_writer(tmp_path, name):
+    """Each example runs as shipped; then every node it traced is written by the writer
+    (no call without a rule) and reproduces the node's traced outputs in onnxruntime."""
+    torch.manual_seed(0)
+    _load_example(name).main(str(tmp_path))
+    nodes = _core.nodes()
+    assert nodes
+    for node in nodes.values():
+        model = write_node(node)
+        names, _ = deduplicate_names(node.name, [p.name for p in node.inputs],
+                                     [p.name for p in node.outputs])
+        got = run_model(model, {name: p.value for name, p in zip(names, node.inputs)})
+        for port, value in zip(node.outputs, got):
+            torch.testing.assert_close(torch.from_numpy(value), port.value.detach(),
+                                       rtol=1e-5, atol=1e-6, msg=f"{name}/{node.name}")
+
+
+def test_stateful_gru_example_with_the_onnx_backend(tmp_path):
+    bundle = _load_example("stateful_gru_export").main(str(tmp_path), export_with="onnx")
+    with open(os.path.join(bundle, "log.txt"), encoding="utf-8") as handle:
+        assert FALLBACK not in handle.read()
+
+
+@pytest.mark.parametrize("memory", [None, "gru", "lstm"])
+def test_rsl_rl_exports_need_no_fallback(tmp_path, memory):
+    import contextlib
+    import test_rsl_rl
+    with contextlib.contextmanager(test_rsl_rl.jit_disabled.__wrapped__)():
+        yaml_path = test_rsl_rl.export_actor_critic(str(tmp_path), memory,
+                                                    reset_between_steps=memory == "lstm")
+    with open(os.path.join(os.path.dirname(yaml_path), "log.txt"), encoding="utf-8") as handle:
+        assert FALLBACK not in handle.read()
+    for name in ("actor", "critic"):
+        model = onnx.load(os.path.join(os.path.dirname(yaml_path), f"{name}.onnx"))
+        assert model.producer_name == "leapp"
+
+
+def test_rl_games_export_needs_no_fallback(tmp_path):
+    """rl_games' LSTM player (tests/test_client_exports.py) through the onnx backend: its
+    torch.distributions calls (broadcast_tensors) and LSTM are written by the writer."""
+    pytest.importorskip("rl_games")
+    import test_client_exports
+    path = test_client_exports.export_rl_games(str(tmp_path), "onnx")
+    bundle = path if os.path.isdir(path) else os.path.dirname(path)
+    with open(os.path.join(bundle, "log.txt"), encoding="utf-8") as handle:
+        assert FALLBACK not in handle.read()
