@@ -33,7 +33,7 @@ import leapp
 from leapp import _core, annotate
 from leapp.compiling import onnx_writer
 from leapp.compiling.backends.onnx import deduplicate_names
-from leapp.tracing.session import info
+from leapp.tracing.annotations import info
 
 from support import ROOT
 
