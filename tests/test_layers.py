@@ -2,7 +2,7 @@
 
 The package is layered as the data flows (docs/architecture.md, "Stages"):
 
-    bundle < tracing < visualization < view < compiling < running < serving
+    bundle < tracing < visualization < view < models < compiling < running < serving
 
 A module may import its own stage and the stages below it, plus the three
 root modules everything stands on (``leapp._core``, ``leapp._version``,
@@ -24,7 +24,8 @@ import pytest
 
 from test_import_cycles import PACKAGE, import_graph, module_names
 
-STAGES = ("bundle", "tracing", "visualization", "view", "compiling", "running", "serving")
+STAGES = ("bundle", "tracing", "visualization", "view", "models", "compiling", "running",
+          "serving")
 BASE = {"leapp._core", "leapp._version", "leapp.semantics"}
 FACE = -1  # rank of the public face: above every stage, reached from below only by name
 

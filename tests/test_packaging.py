@@ -124,7 +124,7 @@ def test_license_and_sdist_manifest():
 
 
 #: The stage packages (docs/architecture.md): each must reach the sdist and the wheel.
-STAGES = ("bundle", "tracing", "compiling", "compiling/backends", "running", "serving",
+STAGES = ("bundle", "tracing", "models", "compiling", "compiling/backends", "running", "serving",
           "visualization", "view", "utils")
 
 

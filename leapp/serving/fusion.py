@@ -37,7 +37,7 @@ import torch
 
 from ..bundle.digest import file_digests
 from ..bundle.safe_load import quote
-from ..compiling.backends.load import load
+from ..models.load import load
 from ..bundle.pipeline import split_key
 from .fused_onnx import build_onnx, save_onnx
 from .fused_plan import (FORMAT_VERSION, FORMATS, METADATA_KEY, STATE_SUFFIX,  # noqa: F401
@@ -82,7 +82,7 @@ class FusedModel:
 
     ``FusedModel(path)`` loads a fused ``.onnx`` with onnxruntime (the CUDA
     provider first when onnxruntime has it) or a fused TorchScript ``.pt``,
-    both through :func:`leapp.compiling.backends.load.load`, and reads the state
+    both through :func:`leapp.models.load.load`, and reads the state
     convention from its metadata.
     ``step(inputs)`` takes ``{"node/port": tensor}`` like
     ``InferenceManager.run_policy`` (every data input, each call) and returns
@@ -103,7 +103,7 @@ class FusedModel:
         self.state_outputs = [s["output"] for s in self.metadata["state"]]
         self._initial = initial_state(self.metadata)
         if self.path.endswith(".onnx"):
-            from ..compiling.backends.onnx_runner import default_providers
+            from ..models.onnx_runner import default_providers
 
             if providers is None:
                 providers = default_providers()

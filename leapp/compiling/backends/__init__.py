@@ -4,7 +4,7 @@ Every backend takes a node's torch.fx.GraphModule with its example inputs and
 returns an Exported: the file it wrote, the final port names (ONNX may rename or
 drop ports), the extra YAML parameters and, where one is at hand, the in-memory
 model.  Validation never runs that in-memory model: it reloads the saved file
-with InferenceManager's loader (leapp.compiling.backends.load.load_node, through
+with InferenceManager's loader (leapp.models.load.load_node, through
 leapp.compiling.validation.SavedModel).
 """
 from __future__ import annotations

@@ -20,11 +20,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
-from ...bundle.log import fatal, reject
-from ...bundle.pt2_reader import load_pt2
-from ...bundle.safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
+from ..bundle.log import fatal, reject
+from ..bundle.pt2_reader import load_pt2
+from ..bundle.safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
                                   quote)
-from ...bundle.pipeline import Node
+from ..bundle.pipeline import Node
 
 BACKENDS = ("jit", "onnx", "pt2")
 
