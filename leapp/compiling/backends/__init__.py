@@ -10,7 +10,6 @@ leapp.compiling.validation.SavedModel).
 from __future__ import annotations
 
 import importlib
-import io
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -66,19 +65,6 @@ def export_node(node: str, export_with: str | None, backend_params: dict | None,
     backend = importlib.import_module(MODULES[BACKENDS[name][0]])
     return backend.export(node, name, dict(backend_params or {}), module, example_inputs,
                           list(input_names), list(output_names), out_dir, context)
-
-
-def save_via_memory(save: Callable[[Any], None], path: str) -> None:
-    """save(file object) into memory, then the bytes to path with ordinary file I/O.
-
-    torch's zip writer (torch.jit.save, torch.export.save) aborts the process
-    when a write fails (a full disk): serialising into memory first turns that
-    into an OSError from the file write.
-    """
-    buffer = io.BytesIO()
-    save(buffer)
-    with open(path, "wb") as handle:
-        handle.write(buffer.getbuffer())
 
 
 def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:

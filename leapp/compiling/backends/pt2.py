@@ -5,7 +5,8 @@ import os
 
 import torch
 
-from . import ExportContext, Exported, prepare_inputs, save_via_memory
+from ...bundle.modes import save_via_memory
+from . import ExportContext, Exported, prepare_inputs
 
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
