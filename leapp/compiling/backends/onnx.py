@@ -26,9 +26,32 @@ EXTERNAL_DATA_THRESHOLD = 1536 * 1024 * 1024
 
 
 def default_opset() -> int:
-    """The opset torch exports by default (and that the YAML records)."""
-    from torch.onnx import _constants
-    return int(_constants.ONNX_DEFAULT_OPSET)
+    """The opset torch exports by default (and that the YAML records).
+
+    Read from torch.onnx's constants module alone (a file of plain assignments), so that a
+    compile whose ONNX needs no torch exporter does not import torch.onnx (about 0.1 s
+    cold) for one number; torch.onnx's own module once it is imported.
+    """
+    import sys
+
+    constants = sys.modules.get("torch.onnx._constants")
+    if constants is None:
+        constants = _constants_alone()
+    return int(constants.ONNX_DEFAULT_OPSET)
+
+
+def _constants_alone() -> Any:
+    """torch/onnx/_constants.py loaded under a name of ours (torch.onnx not imported)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(torch.__file__), "onnx", "_constants.py")
+    spec = importlib.util.spec_from_file_location("_leapp_torch_onnx_constants", path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        from torch.onnx import _constants  # a torch laid out otherwise
+        return _constants
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def deduplicate_names(node: str, input_names: list[str],
