@@ -58,3 +58,15 @@ def test_a_torch_export_node_imports_torch_exports_tracer_only(tmp_path):
     imported = _imported(tmp_path, "pt2")
     assert "torch.export._trace" in imported  # with the dynamo compiler and torch.onnx it imports
     assert [m for m in imported if m in ("onnxscript", "onnx", "onnxruntime")] == []
+
+
+def test_validation_imports_the_views_analytics_without_the_drawing():
+    """compile_graph(visualize=False) validates without importing the PNG's drawing or PIL."""
+    code = ("import json, sys, leapp.compiling.validation; print(json.dumps(sorted(m for m in "
+            "('PIL', 'leapp.visualization', 'leapp.view.svg', 'leapp.view.analytics') "
+            "if m in sys.modules)))")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["leapp.view.analytics"]
