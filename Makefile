@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench compat fuzz upstream-venv clean
+.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench oneshot compat fuzz upstream-venv clean
 
 setup: $(STAMP)
 
@@ -121,6 +121,12 @@ test-wheel: setup
 
 bench: build
 	$(PY) bench/run.py $(if $(UPSTREAM),--upstream $(UPSTREAM),)
+
+# One-shot export scripts (W10): whole processes, ours against upstream in alternating
+# pairs (ONESHOT_PAIRS of them); UPSTREAM defaults to $$LEAPP_UPSTREAM_PYTHON.
+ONESHOT_PAIRS ?= 3
+oneshot: build
+	$(PY) bench/oneshot.py --pairs $(ONESHOT_PAIRS) $(if $(UPSTREAM),--upstream $(UPSTREAM),)
 
 compat: build
 	$(PY) bench/compat.py --setup

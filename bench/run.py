@@ -38,7 +38,13 @@ WORKLOADS = [
     ("W7", "w7_compile.py"),
     ("W8", "w8_recompile.py"),
     ("W9", "w9_fused.py"),
+    ("W10", "oneshot.py"),
 ]
+
+#: Workloads that run both implementations themselves (whole processes in alternating
+#: pairs): run once, under our interpreter, given upstream's; their figures named
+#: ``<x>_upstream_<y>`` are upstream's ``<x>_<y>``.
+PAIRED = {"W10"}
 
 # Used only for figures whose workload declares no budget of its own.
 DEFAULT_BUDGETS = {
@@ -94,6 +100,30 @@ def run_one(python, script, extra, timeout):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
         return None, elapsed, "exit %d\n    %s" % (proc.returncode, "\n    ".join(tail))
     return record, elapsed, ""
+
+
+def paired_run(wid, script, sides, extra, timeout, runs, failures):
+    """Run a PAIRED workload once under our interpreter and split its figures by side."""
+    upstream = dict(sides).get("upstream")
+    print("[bench] %s %-18s %-8s ..." % (wid, script, "paired"), end="", file=sys.stderr,
+          flush=True)
+    record, secs, err = run_one(dict(sides)["ours"], script,
+                                list(extra) + ["--upstream", upstream or "none"], timeout)
+    print(" %.1fs%s" % (secs, "" if record else " FAILED"), file=sys.stderr, flush=True)
+    if record is None:
+        failures.append("%s (paired): %s" % (wid, err))
+        return
+    figures = figures_of(record)
+    theirs = {name.replace("_upstream_", "_", 1): value for name, value in figures.items()
+              if "_upstream_" in name}
+    runs.setdefault("ours", []).append(dict(record, figures={
+        name: value for name, value in figures.items() if "_upstream_" not in name}))
+    info = record.get("info", {})
+    if theirs:
+        runs.setdefault("upstream", []).append(dict(record, figures=theirs, budgets={}, info={
+            "leapp": info.get("upstream_leapp", "?"),
+            "leapp_path": info.get("upstream_leapp_path", "?"),
+            "python": "?", "torch": "?"}))
 
 
 def figures_of(record):
@@ -215,6 +245,9 @@ def main():
             continue
         runs = {}
         for rnd in range(max(args.rounds, 1)):
+            if wid in PAIRED:
+                paired_run(wid, script, sides, extra, args.timeout, runs, failures)
+                continue
             for side, python in sides:
                 print("[bench] %s %-18s %-8s ..." % (wid, script, side), end="",
                       file=sys.stderr, flush=True)

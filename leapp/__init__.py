@@ -10,7 +10,8 @@
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,13 +30,17 @@ from . import annotate  # noqa: E402
 from .export_manager import ExportManager  # noqa: E402
 from .tracing.patching import FunctionPatch  # noqa: E402
 from ._version import __implementation__, __version__  # noqa: E402
-from .compiling.lifecycle import __config_version__, compile_graph, start, stop  # noqa: E402
-from .compiling.backend_survey import check_backends  # noqa: E402  (docs/backends.md)
-from .compiling.export_errors import ExportError  # noqa: E402
-from .serving.fusion import fuse  # noqa: E402
 from .bundle.contract import read as contract  # noqa: E402  (docs/deploy.md)
 from .semantics import GraphConfigs, InputKindEnum, OutputKindEnum, TemporalAxis, TensorSemantics
-from . import leapp, utils  # noqa: E402,F401  (upstream's module paths)
+from . import utils  # noqa: E402,F401  (upstream's module paths)
+
+if TYPE_CHECKING:
+    from . import leapp  # noqa: F401
+    from .compiling.lifecycle import __config_version__, compile_graph, start, stop
+    from .running.inference_manager import InferenceManager
+    from .serving.fusion import fuse
+    from .compiling.backend_survey import check_backends  # docs/backends.md
+    from .compiling.export_errors import ExportError
 
 __all__ = [
     "start", "stop", "compile_graph", "annotate", "TensorSemantics", "InputKindEnum",
@@ -45,8 +50,34 @@ __all__ = [
 ]
 
 
+#: Names whose stage is imported on first use, so that a process that only runs bundles
+#: (InferenceManager) never imports the compiling stage, its exporters and the drawing, and
+#: one that only exports never imports the runtime: name -> (module, attribute or None for
+#: the module itself).
+_LAZY = {
+    "start": ("leapp.compiling.lifecycle", "start"),
+    "stop": ("leapp.compiling.lifecycle", "stop"),
+    "compile_graph": ("leapp.compiling.lifecycle", "compile_graph"),
+    "__config_version__": ("leapp.compiling.lifecycle", "__config_version__"),
+    "fuse": ("leapp.serving.fusion", "fuse"),
+    "check_backends": ("leapp.compiling.backend_survey", "check_backends"),
+    "ExportError": ("leapp.compiling.export_errors", "ExportError"),
+    "InferenceManager": ("leapp.running.inference_manager", "InferenceManager"),
+    "leapp": ("leapp.leapp", None),  # upstream's module path leapp.leapp
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "InferenceManager":  # onnxruntime is imported only when needed
-        from .running.inference_manager import InferenceManager
-        return InferenceManager
-    raise AttributeError(f"module 'leapp' has no attribute '{name}'")
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'leapp' has no attribute '{name}'") from None
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # later reads are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

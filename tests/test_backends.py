@@ -585,7 +585,7 @@ def test_onnx_output_names_that_shadow_op_names(tmp_path, backend):
 
 
 def test_onnx_model_takes_numpy_views():
-    from leapp.compiling.backends.onnx_runner import _to_numpy
+    from leapp.models.onnx_runner import _to_numpy
     t = torch.randn(3, 4)
     assert np.shares_memory(_to_numpy(t), t.numpy())
     strided = t.t()

@@ -90,7 +90,8 @@ def test_complete_bundle_passes_with_status_0(complete, capsys):
     findings = check_bundle(complete)
     assert [f for f in findings if f.status != PASS] == []
     assert {f.check for f in findings} == {"kind", "element_names", "claims", "initial_values",
-                                           "frequency", "boundary", "model", "fused"}
+                                           "frequency", "boundary", "model", "fused",
+                                           "tensorrt"}
     assert main(["check", "--deploy", complete]) == 0
     out = capsys.readouterr().out
     assert "0 failed" in out and "PASS  fused" in out
@@ -308,3 +309,67 @@ def test_readme_example_compiles_without_a_warning(tmp_path):
     assert "[WARNING]" not in log and "[ERROR]" not in log, log
     assert "[INFO]: Deploy readiness: 3 finding(s) (kind 2, frequency 1)" in log
     assert "LEAPP export artifacts saved" in proc.stdout  # the record upstream prints too
+
+
+# ---- the ops TensorRT documents ------------------------------------------------------
+
+
+def test_onnx_model_with_an_op_tensorrt_lacks_is_listed(tmp_path, capsys):
+    """torch.bitwise_and exports to ONNX's BitwiseAnd, which TensorRT's parser lacks; the
+    other node's model passes."""
+    leapp.start("masks", save_path=str(tmp_path))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        a, b = (torch.randint(0, 64, (1, 4), dtype=torch.int32, generator=gen)
+                for _ in range(2))
+        a, b = annotate.input_tensors("mask", {"a": a, "b": b})
+        bits = annotate.output_tensors("mask", {"bits": torch.bitwise_and(a, b)},
+                                       export_with="onnx")
+        x = annotate.input_tensors("scale", {"bits": bits})
+        annotate.output_tensors("scale", {"y": torch.tanh(x.float() * 0.5)}, export_with="onnx")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    yaml_path = str(tmp_path / "masks" / "masks.yaml")
+    found = [f for f in check_bundle(yaml_path) if f.check == "tensorrt"]
+    assert [(f.node, f.status) for f in found] == [("mask", WARN), ("scale", PASS)]
+    assert "BitwiseAnd x1" in found[0].message and "mask.onnx" in found[0].message
+    assert "ONNX Runtime" in found[0].fix
+    main(["check", "--deploy", yaml_path])
+    assert "WARN  tensorrt" in capsys.readouterr().out
+
+
+def test_ops_in_subgraphs_and_local_functions_are_counted(tmp_path):
+    """An If's branches are walked; a local function's call counts the function's ops; an op
+    of another domain is outside the set."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from leapp.compiling import tensorrt_ops
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [])
+    then = helper.make_graph([helper.make_node("Det", ["x"], ["d"])], "then", [],
+                             [helper.make_tensor_value_info("d", TensorProto.FLOAT, [1])])
+    other = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0)],
+                              "else", [],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)])
+    twice = helper.make_function("local", "Twice", ["a"], ["b"], [
+        helper.make_node("Add", ["a", "a"], ["t"]),
+        helper.make_node("FusedMatMul", ["t", "t"], ["b"], domain="com.microsoft")],
+        [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph([helper.make_node("Twice", ["x"], ["x2"], domain="local"),
+                               helper.make_node("If", ["flag"], ["y"], then_branch=then,
+                                                else_branch=other)],
+                              "g", [x, flag], [y])
+    model = helper.make_model(graph, functions=[twice], opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("local", 1),
+        helper.make_opsetid("com.microsoft", 1)])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    proto = tensorrt_ops.read(path)
+    counts = tensorrt_ops.op_counts(proto)
+    assert counts == {"Add": 1, "com.microsoft::FusedMatMul": 1, "If": 1, "Det": 1,
+                      "ReduceSum": 1}
+    assert tensorrt_ops.outside(counts) == {"Det": 1, "com.microsoft::FusedMatMul": 1}
+    assert tensorrt_ops.default_opset(proto) == 21

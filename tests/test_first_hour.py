@@ -47,7 +47,7 @@ def test_cuda_fallback_warning_once_where_a_gpu_was_asked_for():
     code = (
         "import logging, torch\n"
         "torch.cuda.is_available = lambda: True\n"
-        "from leapp.compiling.backends import onnx_runner\n"
+        "from leapp.models import onnx_runner\n"
         "records = []\n"
         "class H(logging.Handler):\n"
         "    def emit(self, r): records.append((r.levelname, r.getMessage()))\n"

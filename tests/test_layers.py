@@ -2,7 +2,7 @@
 
 The package is layered as the data flows (docs/architecture.md, "Stages"):
 
-    bundle < tracing < visualization < view < compiling < running < serving
+    bundle < tracing < visualization < view < models < compiling < running < serving
 
 A module may import its own stage and the stages below it, plus the three
 root modules everything stands on (``leapp._core``, ``leapp._version``,
@@ -18,13 +18,18 @@ The imports are read with the import-cycle test's reader (lazy imports and
 from __future__ import annotations
 
 import ast
+import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 from test_import_cycles import PACKAGE, import_graph, module_names
 
-STAGES = ("bundle", "tracing", "visualization", "view", "compiling", "running", "serving")
+STAGES = ("bundle", "tracing", "visualization", "view", "models", "compiling", "running",
+          "serving")
 BASE = {"leapp._core", "leapp._version", "leapp.semantics"}
 FACE = -1  # rank of the public face: above every stage, reached from below only by name
 
@@ -78,6 +83,24 @@ def test_a_stage_reaches_a_later_one_only_through_the_public_face():
                      "leapp.inference_manager", "leapp.triton_server"}, sorted(faces)
 
 
+#: The one module through which serving reaches each lower part it builds on: the ONNX
+#: writer of the compiling stage (the opset, saving a model) and the model loaders.
+SERVING_DOORS = {"compiling": {"leapp.compiling.backends.onnx"},
+                 "models": {"leapp.models.load"}}
+
+
+def test_serving_reaches_the_writer_and_the_loaders_each_through_one_door():
+    graph = import_graph(PACKAGE)
+    reached: dict[str, set[str]] = {stage: set() for stage in SERVING_DOORS}
+    for module, targets in graph.items():
+        if module.startswith("leapp.serving."):
+            for target in targets:
+                stage = target.split(".")[1] if target.count(".") >= 1 else ""
+                if stage in reached and target != f"leapp.{stage}":
+                    reached[stage].add(target)
+    assert reached == SERVING_DOORS
+
+
 def test_an_upward_import_is_reported(tmp_path):
     package = tmp_path / "leapp"
     for stage in ("bundle", "serving"):
@@ -88,6 +111,36 @@ def test_an_upward_import_is_reported(tmp_path):
     (package / "bundle" / "a.py").write_text(
         "import importlib\ndef f():\n    return importlib.import_module('leapp.serving.b')\n")
     assert upward(import_graph(package)) == ["leapp.bundle.a -> leapp.serving.b"]
+
+
+# ---- the runtime in a process of its own ------------------------------------------------
+
+#: Runs the upstream bundles (a TorchScript chain, an ONNX model with state) in a fresh
+#: interpreter and prints the leapp modules it imported.
+RUN_ONLY = """
+import json, os, sys
+from leapp.running.inference_manager import InferenceManager
+for name in ("chain", "stateful"):
+    manager = InferenceManager(os.path.join(sys.argv[1], name, name + ".yaml"))
+    manager.run_policy(manager.get_mock_input())
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("leapp"))))
+"""
+
+
+def test_the_runtime_never_imports_the_compiling_stage():
+    """Model loading sits below compiling and running: a process that only runs bundles
+    imports neither the compiling stage (exporters, validation) nor the drawing."""
+    bundles = pathlib.Path(__file__).parent / "data" / "upstream"
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", RUN_ONLY, str(bundles)], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert {"leapp.running.inference_manager", "leapp.models.load",
+            "leapp.models.onnx_runner"} <= set(loaded)  # it did load both kinds of model
+    assert [m for m in loaded
+            if m.split(".")[1:2] in (["compiling"], ["view"], ["visualization"])] == []
 
 
 # ---- private names -------------------------------------------------------------------

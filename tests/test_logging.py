@@ -138,3 +138,59 @@ def test_no_handler_is_added_to_the_logger(tmp_path):
     assert [h for h in logging.getLogger("leapp").handlers
             if h is not _logging._State.file_handler] == before
     assert logging.getLogger("leapp").propagate
+
+
+MESSAGES = [("info", "Found connection: a/y  -> b/x"), ("info", "Found connection: b/y  -> c/x"),
+            ("warning", "a warning between them"), ("info", "Found connection: c/y  -> d/x")]
+
+
+def _logged_one_by_one(path: str) -> str:
+    _logging.configure(path, verbose=False)
+    for level, text in MESSAGES:
+        getattr(_logging.logger, level)(text)
+    _logging.close()
+    return open(os.path.join(path, "log.txt")).read()
+
+
+def test_log_messages_writes_log_txt_as_one_record_per_line_would(tmp_path, capsys,
+                                                                   monkeypatch):
+    """compile's connection lines go to log.txt in one write when only log.txt takes INFO:
+    the file holds the same bytes, in order with the warning between them."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # pytest's capture handlers
+    (tmp_path / "one").mkdir()
+    (tmp_path / "bulk").mkdir()
+    expected = _logged_one_by_one(str(tmp_path / "one"))
+    _logging.configure(str(tmp_path / "bulk"), verbose=False)
+    assert _logging._only_the_file_takes(logging.INFO) is not None  # the one-write path
+    _logging.log_messages(MESSAGES)
+    _logging.close()
+    assert open(tmp_path / "bulk" / "log.txt").read() == expected
+    assert expected.splitlines() == [
+        "[INFO]: Found connection: a/y  -> b/x", "[INFO]: Found connection: b/y  -> c/x",
+        "[WARNING]: a warning between them", "[INFO]: Found connection: c/y  -> d/x"]
+    assert capsys.readouterr().err.count("a warning between them") == 2  # both runs
+
+
+def test_log_messages_reach_the_applications_handler_one_record_each(tmp_path):
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(logging.DEBUG)
+    leapp_logger = logging.getLogger("leapp")
+    level = leapp_logger.level
+    leapp_logger.addHandler(keep)
+    leapp_logger.setLevel(logging.INFO)  # the application shows leapp's INFO lines
+    try:
+        _logging.configure(str(tmp_path), verbose=False)
+        assert _logging._only_the_file_takes(logging.INFO) is None
+        _logging.log_messages(MESSAGES)
+        _logging.close()
+    finally:
+        leapp_logger.removeHandler(keep)
+        leapp_logger.setLevel(level)
+    assert [(r.levelname, r.getMessage()) for r in records] == [
+        (level.upper(), text) for level, text in MESSAGES]
+    assert len(open(tmp_path / "log.txt").read().splitlines()) == 4

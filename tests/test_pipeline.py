@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from leapp.bundle.pipeline import (FEEDBACK, FORWARD, SELF, STATE, Pipeline, join_key, split_key)
 from support import ROOT
@@ -144,6 +145,24 @@ def test_a_compiled_pipeline_copies_its_documents_and_is_typed_from_the_start():
     assert compiled.run_order == ("a", "b", "c")
     assert compiled.nodes["a"].inputs[0].shape == (1, 2)
     assert compiled.to_yaml() == expected
+
+
+def test_a_compiled_pipelines_nodes_equal_the_ones_its_yaml_reads_back():
+    """The compiled nodes are built from the copied entries when first read (a 200-node
+    compile reads a few): the same nodes, ports and parameters as the YAML gives."""
+    doc = document(pipeline={"data_flow": {"a/y": ["b/x"]}, "feedback_flow": {"b/y": ["a/x"]},
+                             "inputs": {"c": ["x"]}, "outputs": {"b": ["y"], "c": ["y"]}})
+    compiled = Pipeline.from_compile(doc["models"], doc["pipeline"], {})
+    doc["models"]["b"]["inputs"][0]["dtype"] = "int64"  # after the compile: not seen
+    read = Pipeline.from_document(yaml.safe_load(compiled.to_yaml()))
+    assert list(compiled.nodes) == ["a", "b", "c"] and len(compiled.nodes) == 3
+    assert "b" in compiled.nodes and "z" not in compiled.nodes
+    assert compiled.nodes["b"].inputs[0].dtype == "float32"
+    assert dict(compiled.nodes) == dict(read.nodes) and compiled.nodes == read.nodes
+    assert compiled.nodes["a"] is compiled.nodes["a"]  # built once
+    with pytest.raises(KeyError):
+        compiled.nodes["z"]
+    assert compiled.port("c", "y", "outputs").key == "c/y"
 
 
 def test_the_pipeline_answers_what_feeds_every_input_and_names_outputs_once():

@@ -1,4 +1,5 @@
-"""The modes of the files and directories leapp writes: what the umask gives.
+"""How leapp writes files: the modes they get (what the umask gives), torch archives
+serialised through memory.
 
 Bundles, fused models and Triton repositories are written under temporary
 names (mkstemp / mkdtemp create them 0600 / 0700) and then given the mode a
@@ -6,7 +7,9 @@ plain ``open()`` or ``mkdir()`` would have given them.
 """
 from __future__ import annotations
 
+import io
 import os
+from typing import Any, Callable
 
 
 def umask() -> int:
@@ -24,3 +27,16 @@ def file_mode() -> int:
 def directory_mode() -> int:
     """The mode a new directory gets."""
     return 0o777 & ~umask()
+
+
+def save_via_memory(save: Callable[[Any], None], path: str) -> None:
+    """save(file object) into memory, then the bytes to path with ordinary file I/O.
+
+    torch's zip writer (torch.jit.save, torch.export.save) aborts the process
+    when a write fails (a full disk): serialising into memory first turns that
+    into an OSError from the file write.
+    """
+    buffer = io.BytesIO()
+    save(buffer)
+    with open(path, "wb") as handle:
+        handle.write(buffer.getbuffer())

@@ -382,15 +382,12 @@ class Pipeline:
         reader's checks: a 200-node compile pays for copies, not for parsing.
         """
         own_models: dict[str, Any] = {}
-        nodes: dict[str, Node] = {}
         for name, entry in models.items():
             inputs = [{**port, "shape": tuple(port["shape"])} for port in entry["inputs"]]
             outputs = [{**port, "shape": tuple(port["shape"])} for port in entry["outputs"]]
-            parameters = dict(entry["parameters"])
             own_models[name] = {**entry, "inputs": inputs, "outputs": outputs,
-                                "parameters": parameters}
-            nodes[name] = Node(name, _compiled_ports(name, inputs),
-                               _compiled_ports(name, outputs), MappingProxyType(parameters))
+                                "parameters": dict(entry["parameters"])}
+        nodes = _CompiledNodes(own_models)
         own_section = {key: {k: tuple(v) for k, v in value.items()} if key in _FLOWS else value
                        for key, value in section.items()}
         edges = tuple(
@@ -402,7 +399,7 @@ class Pipeline:
                                 for port in ports) for key in ("inputs", "outputs")}
         others = {k: v for k, v in own_section.items()
                   if k not in _FLOWS and k != "initial_values"}
-        return cls(MappingProxyType(nodes), edges, terminals["inputs"], terminals["outputs"],
+        return cls(nodes, edges, terminals["inputs"], terminals["outputs"],
                    wiring.run_order(nodes, edges), own_section.get("initial_values"),
                    _frozen(others), _frozen(system_information), MappingProxyType({}),
                    ({"models": own_models}, {"pipeline": own_section},
@@ -562,6 +559,40 @@ class Pipeline:
             return _core.emit_yaml(list(self._documents) + [
                 {key: thawed(value)} for key, value in self.extra.items()])
         return _core.emit_yaml(self.to_documents())
+
+
+class _CompiledNodes(Mapping[str, Node]):
+    """A compiled pipeline's nodes in YAML order, each built from its copied entry when
+    first read (a 200-node dry-run compile reads the two at the graph's ends; the YAML is
+    written from the documents).  Read-only: nothing but the cache of built nodes changes."""
+
+    __slots__ = ("_entries", "_built")
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        self._entries = entries  # the pipeline's own copies, never written
+        self._built: dict[str, Node] = {}
+
+    def __getitem__(self, name: str) -> Node:
+        node = self._built.get(name)
+        if node is None:
+            entry = self._entries[name]  # KeyError for a name the pipeline lacks
+            node = Node(name, _compiled_ports(name, entry["inputs"]),
+                        _compiled_ports(name, entry["outputs"]),
+                        MappingProxyType(entry["parameters"]))
+            self._built[name] = node
+        return node
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self._entries)})"
 
 
 def _compiled_ports(node: str, entries: list[dict[str, Any]]) -> tuple[Port, ...]:

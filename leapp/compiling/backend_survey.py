@@ -116,7 +116,7 @@ def try_backend(node: Any, backend: str) -> Attempt:
     """Export node with backend into a temporary directory, load it as InferenceManager
     does and run it on the traced examples."""
     from .backends import export_node
-    from .backends.load import load
+    from ..models.load import load
     started = time.perf_counter()
     module = info(node).graph_module.module
     examples = _examples(node)

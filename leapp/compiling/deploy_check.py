@@ -16,7 +16,10 @@ the port and the fix (docs/deploy.md lists them):
 * ``model``: every node has a model file, its sha256 matches, and the
   contract it carries (leapp.bundle.contract) equals the YAML's;
 * ``fused``: the fused model the YAML records, when there is one, matches its
-  sha256 and carries the contract the YAML gives.
+  sha256 and carries the contract the YAML gives;
+* ``tensorrt``: every ONNX model (a node's or the fused one) uses only ops of
+  TensorRT's documented ONNX operator set, at an opset it documents
+  (leapp.compiling.tensorrt_ops).
 
 ``compile_graph`` runs the checks that read the YAML and never refuses a
 bundle for them.  What may make the export itself wrong (a feedback target
@@ -394,6 +397,56 @@ def check_fused(model: Any, yaml_path: str, initial: dict) -> list[Finding]:
     return findings
 
 
+def check_tensorrt_ops(model: Any, yaml_path: str) -> list[Finding]:
+    """Every ONNX model of the bundle (a node's, whoever wrote it, and the fused one) uses
+    only ops of TensorRT's documented ONNX operator set (``leapp.compiling.tensorrt_ops``),
+    at an opset TensorRT documents; what is outside is listed, as a warning (ONNX Runtime
+    still runs it)."""
+    from ..bundle.safe_load import bundle_file
+    from . import tensorrt_ops
+    bundle_dir = os.path.dirname(os.path.abspath(yaml_path))
+    places = [(name, node.model_path) for name, node in model.nodes.items()]
+    recorded = model.extra.get("fused")
+    if hasattr(recorded, "items"):
+        places += [(None, entry.get("model_path")) for entry in recorded.values()
+                   if hasattr(entry, "get")]
+    low, high = tensorrt_ops.TENSORRT_OPSETS
+    release = f"TensorRT {tensorrt_ops.TENSORRT_VERSION}"
+    findings = []
+    for node, relative in places:
+        if not isinstance(relative, str) or not relative.endswith(".onnx"):
+            continue
+        file = os.path.basename(relative)
+        try:
+            proto = tensorrt_ops.read(bundle_file(bundle_dir, relative, f"ONNX model {file}"))
+        except Exception as exc:  # noqa: BLE001  (a missing or altered file: the model check)
+            findings.append(Finding("tensorrt", WARN, f"{file}: its ops cannot be read "
+                                    f"({type(exc).__name__})", node,
+                                    fix="compile the bundle again"))
+            continue
+        counts = tensorrt_ops.op_counts(proto)
+        unsupported = tensorrt_ops.outside(counts)
+        opset = tensorrt_ops.default_opset(proto)
+        where = f"node {node!r}" if node else "the pipeline"
+        if unsupported:
+            listed = ", ".join(f"{op} x{n}" for op, n in unsupported.items())
+            findings.append(Finding(
+                "tensorrt", WARN, f"{file} uses ops outside {release}'s documented ONNX "
+                f"operator set: {listed}", node,
+                fix=f"compute {where} without {', '.join(unsupported)}, or run this model "
+                    "with ONNX Runtime (TensorRT's ONNX parser refuses what it lacks)"))
+        if opset is not None and not low <= opset <= high:
+            nearest = min(max(opset, low), high)
+            findings.append(Finding(
+                "tensorrt", WARN, f"{file} has opset {opset}, outside the opsets {low} to "
+                f"{high} {release} documents", node,
+                fix=f"export with backend_params={{'opset_version': {nearest}}}"))
+        if not unsupported and (opset is None or low <= opset <= high):
+            findings.append(Finding("tensorrt", PASS, f"{file}: its {len(counts)} kinds of op "
+                                    f"are all in {release}'s ONNX operator set", node))
+    return findings
+
+
 def check_bundle(yaml_path: str) -> list[Finding]:
     """Every check on the bundle at yaml_path (raises BundleError when it cannot be read)."""
     from ..bundle.contract import initial_values, load_bundle
@@ -405,7 +458,8 @@ def check_bundle(yaml_path: str) -> list[Finding]:
     except Exception:  # noqa: BLE001  (reported by check_initial_values)
         initial = {}
     return (findings + _guarded("model", lambda: check_models(model, yaml_path, initial))
-            + _guarded("fused", lambda: check_fused(model, yaml_path, initial)))
+            + _guarded("fused", lambda: check_fused(model, yaml_path, initial))
+            + _guarded("tensorrt", lambda: check_tensorrt_ops(model, yaml_path)))
 
 
 # ---- reporting ------------------------------------------------------------------------------

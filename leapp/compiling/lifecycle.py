@@ -314,8 +314,7 @@ def _stage(cfg: SessionConfig, nodes: list, staging: str, bundle: str, skip_expo
     section("Processing Node Connections Using Traced Output Ports")
     renames = Renames(nodes, exported)
     built = _core.build_pipeline(nodes, renames.inputs, renames.outputs)
-    for level, message in built["messages"]:
-        getattr(logger, level)(message)
+    _logging.log_messages(built["messages"])
     pipeline: dict = {}
     if graph_configs is not None:
         pipeline["configs"] = graph_configs.to_dict()

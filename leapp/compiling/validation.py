@@ -1,7 +1,7 @@
 """Validation of exported nodes against the values seen while tracing.
 
 Each node is validated as it ships: its saved file is loaded from the bundle
-with InferenceManager's own loader (SavedModel: leapp.compiling.backends.load.load_node),
+with InferenceManager's own loader (SavedModel: leapp.models.load.load_node),
 checksum included, and that loaded model runs on its first traced example
 (sample 0: the ports' `.value`) and on each cached re-entry example (sample 1,
 2, ...: the ports' `.samples`), TorchScript models in the interpreter without the optimising
@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..bundle.log import fatal, log_path, logger, section
-from .backends.load import load_node
+from ..models.load import load_node
 from ..bundle.pipeline import Node
 from ..view.analytics import record
 

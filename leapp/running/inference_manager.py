@@ -2,7 +2,7 @@
 
 ``InferenceManager(yaml_path)`` reads the bundle written by
 ``leapp.compile_graph`` (config versions 1.0 to 1.4) as a ``leapp.bundle.pipeline.Pipeline``
-(the wiring checked), loads one model per node through ``leapp.compiling.backends.load``
+(the wiring checked), loads one model per node through ``leapp.models.load``
 (TorchScript, ONNX through onnxruntime, or torch.export), preallocates every
 node input and seeds feedback inputs from the bundle's initial values.  The
 routing itself is compiled once into a ``leapp._core.Program``: integer slots
@@ -36,7 +36,7 @@ import torch
 from leapp import _core
 from leapp.bundle.log import fatal, logger, reject
 from leapp.bundle.safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
-from leapp.compiling.backends.load import load_node
+from leapp.models.load import load_node
 from leapp.bundle.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key
 
 

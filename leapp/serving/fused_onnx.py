@@ -14,7 +14,7 @@ import torch
 
 from ..bundle.dtypes import onnx_type
 from ..bundle.safe_load import quote
-from ..compiling.backends.load import load
+from ..models.load import load
 from .fused_plan import METADATA_KEY, FuseError, Plan, fail, logger
 
 

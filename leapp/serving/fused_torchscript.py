@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..bundle.safe_load import quote
-from ..compiling.backends.load import load
+from ..models.load import load
 from .fused_onnx import example_inputs, has_control_flow, traced_pt2
 from .fused_plan import Plan, fail
 

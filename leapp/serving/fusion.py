@@ -36,8 +36,9 @@ from typing import Any
 import torch
 
 from ..bundle.digest import file_digests
+from ..bundle.modes import save_via_memory
 from ..bundle.safe_load import quote
-from ..compiling.backends.load import load
+from ..models.load import default_providers, load
 from ..bundle.pipeline import split_key
 from .fused_onnx import build_onnx, save_onnx
 from .fused_plan import (FORMAT_VERSION, FORMATS, METADATA_KEY, STATE_SUFFIX,  # noqa: F401
@@ -82,7 +83,7 @@ class FusedModel:
 
     ``FusedModel(path)`` loads a fused ``.onnx`` with onnxruntime (the CUDA
     provider first when onnxruntime has it) or a fused TorchScript ``.pt``,
-    both through :func:`leapp.compiling.backends.load.load`, and reads the state
+    both through :func:`leapp.models.load.load`, and reads the state
     convention from its metadata.
     ``step(inputs)`` takes ``{"node/port": tensor}`` like
     ``InferenceManager.run_policy`` (every data input, each call) and returns
@@ -103,8 +104,6 @@ class FusedModel:
         self.state_outputs = [s["output"] for s in self.metadata["state"]]
         self._initial = initial_state(self.metadata)
         if self.path.endswith(".onnx"):
-            from ..compiling.backends.onnx_runner import default_providers
-
             if providers is None:
                 providers = default_providers()
             # InferenceManager's runner: numpy views on CPU, I/O binding for CUDA tensors
@@ -337,7 +336,6 @@ def fuse(yaml_path: str, out: str | None = None, format: str = "onnx", *,
             module = build_torchscript(the_plan, manager)
             extra = {TORCHSCRIPT_EXTRA_FILE: json.dumps(the_plan.metadata()),
                      _contract.EXTRA_FILE: _contract.dumps(contract)}
-            from ..compiling.backends import save_via_memory
             save_via_memory(lambda h: torch.jit.save(module, h, _extra_files=extra), tmp)
         if not batch:
             validate(tmp, manager, validate_steps, rtol, atol, shown=shown)

@@ -20,7 +20,6 @@ from ..bundle.pipeline import Pipeline
 from .analytics import read_log
 from .opgraph import op_graph
 from .page import render_page
-from .svg import svg_scene
 
 __all__ = ["view_data", "render_html", "write_view", "iframe"]
 
@@ -89,6 +88,9 @@ def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None
 def render_html(model: Pipeline, graph: str, bundle_dir: str,
                 log_text: str | None = None) -> str:
     """The whole page of `model` (a bundle in bundle_dir)."""
+    # the drawing (and PIL) only for a page: validation imports this package for analytics
+    from .svg import svg_scene
+
     svg, _ = svg_scene(model, graph)
     return render_page(graph, svg, view_data(model, graph, bundle_dir, log_text))
 

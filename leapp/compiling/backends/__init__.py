@@ -4,13 +4,12 @@ Every backend takes a node's torch.fx.GraphModule with its example inputs and
 returns an Exported: the file it wrote, the final port names (ONNX may rename or
 drop ports), the extra YAML parameters and, where one is at hand, the in-memory
 model.  Validation never runs that in-memory model: it reloads the saved file
-with InferenceManager's loader (leapp.compiling.backends.load.load_node, through
+with InferenceManager's loader (leapp.models.load.load_node, through
 leapp.compiling.validation.SavedModel).
 """
 from __future__ import annotations
 
 import importlib
-import io
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -68,19 +67,6 @@ def export_node(node: str, export_with: str | None, backend_params: dict | None,
     backend = importlib.import_module(MODULES[BACKENDS[name][0]])
     return backend.export(node, name, dict(backend_params or {}), module, example_inputs,
                           list(input_names), list(output_names), out_dir, context)
-
-
-def save_via_memory(save: Callable[[Any], None], path: str) -> None:
-    """save(file object) into memory, then the bytes to path with ordinary file I/O.
-
-    torch's zip writer (torch.jit.save, torch.export.save) aborts the process
-    when a write fails (a full disk): serialising into memory first turns that
-    into an OSError from the file write.
-    """
-    buffer = io.BytesIO()
-    save(buffer)
-    with open(path, "wb") as handle:
-        handle.write(buffer.getbuffer())
 
 
 def prepare_inputs(inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 
 from ...bundle.log import logger
 from . import ExportContext, Exported
-from .load import load
+from ...models.load import load
 
 # file suffix -> YAML backend
 SUFFIX_BACKENDS = {".pt": "jit", ".onnx": "onnx", ".pt2": "pt2"}

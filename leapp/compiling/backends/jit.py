@@ -21,8 +21,9 @@ from typing import Any, Iterator
 import torch
 
 from ...bundle.log import logger
+from ...bundle.modes import save_via_memory
 from ..export_errors import exporter_call
-from . import ExportContext, Exported, prepare_inputs, save_via_memory
+from . import ExportContext, Exported, prepare_inputs
 
 # Deepest inline chain accepted: well under the ~11,000 at which an 8 MiB stack
 # overflows, leaving room for smaller thread stacks and the caller's frames.

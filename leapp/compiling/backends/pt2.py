@@ -5,8 +5,9 @@ import os
 
 import torch
 
+from ...bundle.modes import save_via_memory
 from ..export_errors import exporter_call
-from . import ExportContext, Exported, prepare_inputs, save_via_memory
+from . import ExportContext, Exported, prepare_inputs
 
 
 def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,

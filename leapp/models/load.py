@@ -20,11 +20,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
-from ...bundle.log import fatal, reject
-from ...bundle.pt2_reader import load_pt2
-from ...bundle.safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
+from ..bundle.log import fatal, reject
+from ..bundle.pt2_reader import load_pt2
+from ..bundle.safe_load import (BundleError, bundle_file_sha256, check_onnx_external_data, clip,
                                   quote)
-from ...bundle.pipeline import Node
+from ..bundle.pipeline import Node
+from .onnx_runner import OnnxRunner, default_providers  # noqa: F401  (the loaders' one door)
 
 BACKENDS = ("jit", "onnx", "pt2")
 
@@ -70,8 +71,6 @@ def load(backend: Any, path: str, *, input_names: Sequence[str] | None = None,
         model = torch.jit.load(path, map_location=device).to(device).eval()
         return model, model.forward, device
     if backend == "onnx":
-        from .onnx_runner import OnnxRunner
-
         check_onnx_external_data(path, os.path.dirname(path) if bundle_dir is None
                                  else bundle_dir, allow_external_paths)
         if providers is None and device is not None:

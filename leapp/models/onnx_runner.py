@@ -1,7 +1,7 @@
 """The one ONNX Runtime runner: an ONNX file called with torch tensors in and out.
 
 Every reader of an ``.onnx`` file runs it through :class:`OnnxRunner`, which
-:func:`leapp.compiling.backends.load.load` builds: ``InferenceManager``'s nodes,
+:func:`leapp.models.load.load` builds: ``InferenceManager``'s nodes,
 validation, bring-your-own models and ``leapp.serving.fusion.FusedModel``.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...bundle.dtypes import IO_BINDING
-from ...bundle.pipeline import torch_dtype
+from ..bundle.dtypes import IO_BINDING
+from ..bundle.pipeline import torch_dtype
 
 logger = logging.getLogger("leapp")
 
