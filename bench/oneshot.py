@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     upstream = args.upstream if args.upstream and args.upstream != "none" else None
     if upstream and os.path.isdir(upstream):  # a venv, as `make bench UPSTREAM=...` takes
         upstream = os.path.join(upstream, "bin", "python")
+    if upstream:  # the children run elsewhere: a relative path is the caller's
+        upstream = os.path.abspath(upstream)
     runs = compare(scripts, pairs, upstream, args.timeout)
     figures, info = summary(runs)
     sys.path.insert(0, HERE)
