@@ -199,3 +199,24 @@ def test_late_update_from_a_published_output_is_named(tmp_path):
     annotate.output_tensors("actor", {"y": y})
     with pytest.raises(RuntimeError, match="from its published output 'y'"):
         annotate.update_state("actor", {"h": y * 0.9})
+
+
+def test_set_input_value_never_writes_into_a_models_output(tmp_path):
+    """A static output fed back is the TorchScript model's own constant after a step;
+    set_input_value gives the input a copy instead of writing into that tensor."""
+    leapp.start("g", save_path=str(tmp_path))
+    for i in range(2):
+        x = annotate.input_tensors("n", {"x": torch.full((1, 3), float(i + 1))})
+        (h,) = annotate.state_tensors("n", {"h": torch.zeros(1, 3)})
+        annotate.update_state("n", {"h": h + x})
+        annotate.output_tensors("n", {"y": x * 2 + h},
+                                static_outputs={"h": torch.full((1, 3), 7.0)},
+                                export_with="jit")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    manager = InferenceManager(os.path.join(str(tmp_path), "g", "g.yaml"))
+    manager.run_policy({"n/x": torch.ones(1, 3)})
+    manager.set_input_value("n", "h", torch.zeros(1, 3))
+    assert torch.equal(manager.run_policy({"n/x": torch.ones(1, 3)})["n/y"],
+                       torch.full((1, 3), 2.0))
+    assert torch.equal(manager.value_dict["n"]["h"], torch.full((1, 3), 7.0))

@@ -406,7 +406,7 @@ class InferenceManager:
             self._apply_initial_values()
 
     def set_input_value(self, node_name: str, input_name: str, value: torch.Tensor) -> None:
-        """Copy ``value`` into the buffer of ``node_name/input_name`` (in place).
+        """Give ``node_name/input_name`` a copy of ``value`` (its dtype and device kept).
 
         The input keeps that value until a ``run_policy`` call gives another,
         so a graph input set this way may be left out of ``run_policy`` (no
@@ -427,8 +427,13 @@ class InferenceManager:
             if tuple(value.shape) != tuple(buffer.shape):
                 reject(f"Shape mismatch for input '{key}': expected "
                        f"{tuple(buffer.shape)}, got {tuple(value.shape)}")
+            # a fresh buffer, never a write into the old one: after a step that one may
+            # be a node's output itself (a TorchScript constant fed back), and writing
+            # into it would change what that model returns from then on
+            fresh = torch.empty_like(buffer)
             with torch.no_grad():
-                buffer.copy_(value)
+                fresh.copy_(value)
+            self._program.set(self._slot_of[(node_name, input_name)], fresh)
             self._watch = self._watch - {key}
 
     # ---- running ----------------------------------------------------------
