@@ -70,7 +70,8 @@ class _Records:
     node: Any
     sets: list = field(default_factory=list)     # (module, name, old, new, site, buffer?)
     called: dict = field(default_factory=dict)   # id(module) -> module
-    writes: list = field(default_factory=list)   # (receiver, op name, site, ops before)
+    # (receiver id, op name, site) -> (receiver, op name, site, ops before its latest write)
+    writes: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)  # id(tensor attribute) -> version at call
 
 
@@ -208,7 +209,9 @@ def on_plain_write(func: Any, receiver: Any, args: tuple) -> None:
             records = _PROBES.open.get(id(carrier.node))
             if records is not None:
                 name = getattr(func, "__name__", None) or repr(func)
-                records.writes.append((receiver, name, _user_site(), len(records.node.ops)))
+                site = _user_site()  # one entry per receiver and site: a loop adds none
+                records.writes[(id(receiver), name, site)] = (receiver, name, site,
+                                                              len(records.node.ops))
             return
 
 
@@ -378,7 +381,7 @@ def check(node: _core.Node) -> None:
                         f"{site[0]}:{site[1]}) keeps values the node computed, for its next "
                         f"call, next to values from earlier calls that the node read", node)
     modules = list(records.called.values()) + [entry[0] for entry in records.sets]
-    for receiver, op, site, before in records.writes:
+    for receiver, op, site, before in records.writes.values():
         holder = _owner_of(receiver, iter(modules))
         if holder is None and not _read(receiver, _constants(node, before)):
             continue  # a tensor the node made for itself (not read before the write)
