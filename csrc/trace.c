@@ -553,6 +553,26 @@ trace_hooked(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject 
     return trace_active(st, w, kind, func, types, args, kwargs, targs, tkwargs);
 }
 
+/* The templates of args and kwargs (kwargs: a dict or Py_None, whose template
+ * stays NULL) in *targs and *tkwargs, new references; -1 with an exception, the
+ * caller releasing whatever was set. */
+static int
+walk_args(trace_walk *w, PyObject *args, PyObject *kwargs, PyObject **targs,
+          PyObject **tkwargs)
+{
+    *targs = template_of(w, args);
+    if (*targs == NULL) {
+        return -1;
+    }
+    if (kwargs != Py_None) {
+        *tkwargs = template_of(w, kwargs);
+        if (*tkwargs == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* torch_function(cls, func, types, args=(), kwargs=None): bound as the
  * classmethod TracedTensor.__torch_function__ by the facade. */
 static PyObject *
@@ -586,30 +606,16 @@ torch_function(PyObject *module, PyObject *const *argv, Py_ssize_t nargs)
     if (!st->tracing) {
         return trace_run_eager(st, func, types, args, kwargs);
     }
-    targs = template_of(&w, args);
-    if (targs == NULL) {
+    if (walk_args(&w, args, kwargs, &targs, &tkwargs) < 0) {
         goto done;
-    }
-    if (kwargs != Py_None) {
-        tkwargs = template_of(&w, kwargs);
-        if (tkwargs == NULL) {
-            goto done;
-        }
     }
     if (w.retry) {
         /* w.active is now the open node: the tail node's values become constants */
         Py_CLEAR(targs);
         Py_CLEAR(tkwargs);
         w.dynamic = 0;
-        targs = template_of(&w, args);
-        if (targs == NULL) {
+        if (walk_args(&w, args, kwargs, &targs, &tkwargs) < 0) {
             goto done;
-        }
-        if (kwargs != Py_None) {
-            tkwargs = template_of(&w, kwargs);
-            if (tkwargs == NULL) {
-                goto done;
-            }
         }
     }
     kind = op_kind(st, func);

@@ -36,7 +36,7 @@ from .session_state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import (DERIVED, OPEN_NODE_HINT, describe, description_text, is_tensor,
+from .session_checks import (OPEN_NODE_HINT, derived_tag, describe, description_text, is_tensor,
                              listed, op_name, port_names, thread_text, unregistered_text)
 from .session_outputs import DeclaredState, NodeOutputs
 
@@ -216,9 +216,8 @@ class SessionAPI(NodeOutputs, DeclaredState):
 
     def _check_derived(self, node: _core.Node, name: str, value: Any) -> None:
         """Warn (strict: refuse) when value was computed outside every node from an output."""
-        tag = getattr(value, "__dict__", {}).get(DERIVED) if type(value) is TracedTensor \
-            else None
-        if not tag or not isinstance(tag, tuple) or len(tag) != 3:
+        tag = derived_tag(value)
+        if tag is None:
             return
         src_node, src_port, op = tag
         if _core.find_node(src_node) is None:

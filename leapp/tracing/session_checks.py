@@ -10,6 +10,7 @@ import torch
 
 from . import numpy_array as _numpy
 from .. import _core
+from .traced import TracedTensor
 from .payload import Leaf
 from .session_state import SESSION, SessionConfig
 
@@ -76,6 +77,13 @@ def op_name(func: Any) -> str:
 # Instance-dict key of the C core's "computed outside every node from a
 # published output" tag: (node name, port, op name).
 DERIVED = "_leapp_derived"
+
+
+def derived_tag(value: Any) -> tuple | None:
+    """The (node name, port, op name) tag of a tensor computed outside every node from a
+    published output, or None."""
+    tag = vars(value).get(DERIVED) if type(value) is TracedTensor else None
+    return tag if isinstance(tag, tuple) and len(tag) == 3 else None
 
 OPEN_NODE_HINT = (
     "\nIf the node is still open from an earlier pass that raised (e.g. a notebook cell run "

@@ -22,7 +22,7 @@ from .session_state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import DERIVED, describe, is_tensor, tensor_leaf
+from .session_checks import derived_tag, describe, is_tensor, tensor_leaf
 
 
 class NodeOutputs:
@@ -397,10 +397,10 @@ class DeclaredState:
         if carrier is not None and carrier.node is node:
             return
         file, line = call_site()
-        tag = getattr(value, "__dict__", {}).get(DERIVED) if carrier is None else None
+        tag = derived_tag(value) if carrier is None else None
         if carrier is not None:
             origin = f"a value of node '{carrier.node.name}'"
-        elif isinstance(tag, tuple) and len(tag) == 3 and tag[0] == node.name:
+        elif tag is not None and tag[0] == node.name:
             origin = (f"a value computed by '{tag[2]}' from its published output '{tag[1]}' "
                       f"(published values are constants once output_tensors has run; "
                       f"use the value the model returned, before it was published)")
