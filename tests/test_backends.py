@@ -420,6 +420,27 @@ def test_unknown_export_with_lists_values(tmp_path):
         assert value in message
 
 
+@pytest.mark.parametrize("params,checks", [
+    (None, [False]),                          # validation checks the traced model
+    ({"check_trace": True}, [False, True]),   # torch's own check, when asked for
+])
+def test_jit_trace_runs_torchs_check_only_when_asked(tmp_path, monkeypatch, params, checks):
+    real, seen = torch.jit.trace, []
+
+    def trace(*args, **kwargs):
+        seen.append(kwargs.get("check_trace", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.jit, "trace", trace)
+    leapp.start(name="trace_check", save_path=str(tmp_path))
+    x = annotate.input_tensors("a", {"x": torch.randn(2, 3)})
+    annotate.output_tensors("a", {"y": torch.tanh(x) * 2.0}, export_with="jit-trace",
+                            backend_params=params)
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"a": True}
+    assert seen == checks
+
+
 def test_backend_params_are_forwarded(tmp_path):
     leapp.start(name="params", save_path=str(tmp_path))
     x = annotate.input_tensors("a", {"x": torch.randn(2, 3)})
