@@ -114,6 +114,19 @@ def run_process(python: str, script: str, tree: str | None, timeout: float) -> d
     return dict(phases, wall_s=wall)
 
 
+def _compile_bytecode() -> None:
+    """Byte-compile this tree (the package and the scripts both sides run).
+
+    An installed package is byte-compiled when pip installs it (upstream's is);
+    a checkout run with PYTHONDONTWRITEBYTECODE=1 (or never run before) would
+    compile ours from source in every child, a cost no user pays.
+    """
+    import compileall
+    for folder in ("leapp", "bench"):
+        compileall.compile_dir(os.path.join(ROOT, folder), quiet=1,
+                               legacy=False, force=False)
+
+
 def compare(scripts, pairs: int, upstream: str | None, timeout: float,
             log=sys.stderr) -> dict:
     """{script: {"ours": [runs], "upstream": [runs]}}, pairs alternating in order."""
@@ -121,6 +134,7 @@ def compare(scripts, pairs: int, upstream: str | None, timeout: float,
     if upstream:
         sides.append(("upstream", upstream, None))
     runs: dict = {s: {side: [] for side, _, _ in sides} for s in scripts}
+    _compile_bytecode()
     for pair in range(pairs):
         for script in scripts:
             order = sides if pair % 2 == 0 else sides[::-1]
