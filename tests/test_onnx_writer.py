@@ -35,7 +35,7 @@ from leapp.compiling import onnx_writer
 from leapp.compiling.backends.onnx import deduplicate_names
 from leapp.tracing.annotations import info
 
-from support import ROOT
+from support import ROOT, writer_census
 
 FALLBACK = "torch's ONNX exporter"
 DEFAULT_OPSET = 20
@@ -825,6 +825,17 @@ def test_fallback_is_named_in_log_and_summary(tmp_path, caplog):
     progress = [line for line in log.splitlines() if "1/1 node" in line]
     assert progress and "torch's exporter: no ONNX rule for torch.logaddexp" in progress[0]
     assert onnx.load(os.path.join(bundle, "node.onnx")).producer_name == "pytorch"
+
+
+def test_the_suites_writer_census_counts_written_and_fallback_nodes(tmp_path):
+    """The count the test run's summary prints: one node written, one sent to torch."""
+    _compile(tmp_path / "a", lambda x: {"y": torch.tanh(x)}, [torch.randn(2, 3)], "onnx")
+    _compile(tmp_path / "b", lambda x: {"y": torch.logit(x) * 2},  # no rule: torch's
+             [torch.rand(2, 3) * 0.8 + 0.1], "onnx-dynamo")
+    written, fallbacks = writer_census(str(tmp_path))
+    assert written == 1
+    assert [bundle for bundle, _ in fallbacks] == [os.path.join("b", "g")]
+    assert "torch.logit" in fallbacks[0][1]
 
 
 def _yaml_without_digests(bundle: str) -> str:
