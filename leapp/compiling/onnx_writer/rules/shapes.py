@@ -334,12 +334,16 @@ def masked_fill(call: Call) -> str:
 
 
 def _where(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
-    """Where on dtype (reduced floats through float32: exact both ways)."""
+    """Where on dtype (reduced floats through float32, int16 through int32: exact both
+    ways; booleans as And / Or: onnxruntime has no Where kernel for them)."""
     e = call.e
-    if dtype in (torch.float16, torch.bfloat16):
-        picked = e.op("Where", [cond, e.cast(a, dtype, torch.float32),
-                                e.cast(b, dtype, torch.float32)])
-        return e.cast(picked, torch.float32, dtype)
+    if dtype == torch.bool:
+        return e.op("Or", [e.op("And", [cond, a]), e.op("And", [e.op("Not", [cond]), b])])
+    wider = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+             torch.int16: torch.int32}.get(dtype)
+    if wider is not None:
+        picked = e.op("Where", [cond, e.cast(a, dtype, wider), e.cast(b, dtype, wider)])
+        return e.cast(picked, wider, dtype)
     return e.op("Where", [cond, a, b])
 
 
@@ -421,6 +425,96 @@ def trilu(call: Call) -> str:
     upper = 1 if rule_name(call) == "triu" else 0
     return call.e.op("Trilu", [x.name, call.e.scalar_int(k)], upper=upper)
 
+
+
+# ---------------------------------------------------------------------------
+# diagonals: static positions, so a Gather of constant indices (and a Where with a
+# constant mask to build a diagonal matrix: NaN and inf off the diagonal stay out)
+
+
+def diagonal_of(call: Call, x: Value, offset: int, dim1: int, dim2: int) -> str:
+    """x's diagonal (offset above dim1 -> dim2) as a new last dim, the others in order."""
+    e = call.e
+    d1, d2 = norm_dim(int(dim1), x.rank), norm_dim(int(dim2), x.rank)
+    if d1 == d2:
+        raise call.refuse("dim1 == dim2")
+    rows, cols = x.shape[d1], x.shape[d2]
+    others = [d for d in range(x.rank) if d not in (d1, d2)]
+    perm = others + [d1, d2]
+    name = x.name if perm == list(range(x.rank)) else e.op("Transpose", [x.name], perm=perm)
+    flat = e.reshape(name, tuple(x.shape[d] for d in others) + (rows * cols,))
+    if offset >= 0:
+        positions = [r * cols + r + offset for r in range(max(0, min(rows, cols - offset)))]
+    else:
+        positions = [(c - offset) * cols + c for c in range(max(0, min(rows + offset, cols)))]
+    index = e.tensor_const(torch.tensor(positions, dtype=torch.int64))
+    return e.op("Gather", [flat, index], axis=len(others))
+
+
+def embed_diagonal(call: Call, x: Value, offset: int, dim1: int, dim2: int) -> str:
+    """x's last dim put on the diagonal (offset) of two new dims dim1, dim2 of the
+    result, zeros elsewhere; the other dims of x in order."""
+    e = call.e
+    if x.rank == 0:
+        raise call.refuse("a 0-dim tensor")
+    size = x.shape[-1] + abs(offset)
+    rank = x.rank + 1
+    d1, d2 = norm_dim(int(dim1), rank), norm_dim(int(dim2), rank)
+    if d1 == d2:
+        raise call.refuse("dim1 == dim2")
+    rows = torch.arange(size).view(size, 1)
+    cols = torch.arange(size).view(1, size)
+    on = (cols - rows) == offset
+    source = torch.where(on, rows if offset >= 0 else cols, torch.zeros((), dtype=torch.int64))
+    picked = e.op("Gather", [x.name, e.tensor_const(source)], axis=x.rank - 1)
+    zero = e.const(False if x.dtype == torch.bool else 0, x.dtype)
+    matrix = _where(call, e.tensor_const(on), picked, zero, x.dtype)
+    perm = [0] * rank
+    rest = iter(range(rank - 2))
+    for axis in range(rank):
+        perm[axis] = rank - 2 if axis == d1 else rank - 1 if axis == d2 else next(rest)
+    if perm == list(range(rank)):
+        return matrix
+    return e.op("Transpose", [matrix], perm=perm)
+
+
+@rule("diagonal")
+def diagonal(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value) or x.rank < 2:
+        raise call.refuse("a tensor of fewer than 2 dims")
+    return diagonal_of(call, x, int(call.arg(1, "offset", 0)), int(call.arg(2, "dim1", 0)),
+                       int(call.arg(3, "dim2", 1)))
+
+
+@rule("diag_embed")
+def diag_embed(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    return embed_diagonal(call, x, int(call.arg(1, "offset", 0)), int(call.arg(2, "dim1", -2)),
+                          int(call.arg(3, "dim2", -1)))
+
+
+@rule("diag")
+def diag(call: Call) -> str:
+    """A vector on the diagonal of a square matrix, or a matrix's diagonal."""
+    x = call.args[0]
+    offset = int(call.arg(1, "diagonal", 0))
+    if not isinstance(x, Value) or x.rank not in (1, 2):
+        raise call.refuse("a tensor of other than 1 or 2 dims")
+    if x.rank == 1:
+        return embed_diagonal(call, x, offset, 0, 1)
+    return diagonal_of(call, x, offset, 0, 1)
+
+
+@rule("diagflat")
+def diagflat(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    flat = Value(call.e.reshape(x.name, (x.example.numel(),)), x.example.reshape(-1))
+    return embed_diagonal(call, flat, int(call.arg(1, "offset", 0)), 0, 1)
 
 # ---------------------------------------------------------------------------
 # x[key]
