@@ -252,11 +252,13 @@ ELEMENTWISE = {
                                    "broadcast": torch.logaddexp(x, z), "method": y.logaddexp(z),
                                    "large": torch.logaddexp(x * 1e30, y * 1e30),
                                    "huge": torch.logaddexp2(x * 1e37, y * -1e37),
-                                   "far": torch.logaddexp(x, y - 40), "far2": torch.logaddexp2(x, y - 60),
+                                   "far": torch.logaddexp(x, y - 40),
+                                   "far2": torch.logaddexp2(x, y - 60),
                                    # log1p of a tiny exp, scaled up: log(1 + tiny) would be 0
                                    "tiny": torch.logaddexp(x * 0, -30 - y.abs()) * 1e13,
                                    "tiny2": torch.logaddexp2(x * 0, -40 - y.abs()) * 1e12,
-                                   "ties": torch.logaddexp(x, x), "int_float": torch.logaddexp(x, z.long()),
+                                   "ties": torch.logaddexp(x, x),
+                                   "int_float": torch.logaddexp(x, z.long()),
                                    "f64": torch.logaddexp(x.double() * 1e300, y.double() * 1e300)},
                   [f(3, 4), f(3, 4), f(4)]),
     # NaN at -1.5, -inf below -1.7, +inf above 1.7 (grid: steps of 0.5 in [-2, 2])
@@ -399,7 +401,8 @@ CUMULATIVE = {
     "cumprod_float": (lambda x: {"dim1": torch.cumprod(x, 1), "neg": x.cumprod(-1),
                                  "first": torch.cumprod(x, dim=0),
                                  "f64": torch.cumprod(x, 2, dtype=torch.float64),
-                                 "half": x.half().cumprod(1), "to_half": x.cumprod(1, dtype=torch.float16),
+                                 "half": x.half().cumprod(1),
+                                 "to_half": x.cumprod(1, dtype=torch.float16),
                                  "to_int": torch.cumprod(x * 3, -1, dtype=torch.int32),
                                  "scalar": x[0, 0, 0].cumprod(0)}, [f(2, 5, 4)]),
     "cumprod_float64": (lambda x: {"p": x.cumprod(0), "p1": torch.cumprod(x, -1)},
@@ -409,12 +412,15 @@ CUMULATIVE = {
                                           "int8": c.to(torch.int8).cumprod(0),
                                           "keep32": c.cumprod(1, dtype=torch.int32),
                                           "uint8": c.abs().to(torch.uint8).cumprod(1),
-                                          "bool": m.cumprod(1), "to_float": a.cumprod(0, dtype=torch.float32)},
+                                          "bool": m.cumprod(1),
+                                          "to_float": a.cumprod(0, dtype=torch.float32)},
                          [i(3, 24, high=100), i(2, 24, dtype=torch.int32, high=100), b(3, 5)]),
     # zeros, ties, exact halves; NaN and -inf put in by where
-    "cummax_cummin": (lambda x: {"max_v": torch.cummax(x, 1).values, "max_i": torch.cummax(x, 1).indices,
+    "cummax_cummin": (lambda x: {"max_v": torch.cummax(x, 1).values,
+                                 "max_i": torch.cummax(x, 1).indices,
                                  "min_v": x.cummin(-1)[0], "min_i": x.cummin(-1)[1],
-                                 "first_v": torch.cummax(x, dim=0)[0], "first_i": torch.cummin(x, 0)[1],
+                                 "first_v": torch.cummax(x, dim=0)[0],
+                                 "first_i": torch.cummin(x, 0)[1],
                                  "nan_v": torch.cummax(_nan_inf(x), 1)[0],
                                  "nan_i": torch.cummax(_nan_inf(x), 1)[1],
                                  "nan_min_v": torch.cummin(_nan_inf(x), -1)[0],
@@ -422,7 +428,8 @@ CUMULATIVE = {
                                  "neg_zero": torch.cummin(-x, 2)[0], "half": x.half().cummax(2)[0],
                                  "half_i": x.half().cummin(1)[1]}, [grid(3, 6, 5)]),
     "cummax_integers": (lambda a, m: {"v": a.cummax(1)[0], "i": a.cummax(1)[1],
-                                      "i32": a.int().cummin(0)[1], "i8": a.to(torch.int8).cummax(-1)[0],
+                                      "i32": a.int().cummin(0)[1],
+                                      "i8": a.to(torch.int8).cummax(-1)[0],
                                       "bool_v": m.cummax(1)[0], "bool_i": m.cummax(1)[1],
                                       "bool_min": m.cummin(0)[1], "scalar": a[0, 0].cummax(0)[1]},
                         [i(4, 7, high=3), b(4, 7)]),
@@ -435,13 +442,7 @@ def test_cumulative_products_maxima_minima(tmp_path, case):
     in float64), the indices of cummax / cummin the last position of the running
     extreme (ties), NaN sticking as eager's."""
     fn, specs = CUMULATIVE[case]
-    model = check_case(tmp_path, fn, specs, exact=True)
-    assert not {n.op_type for n in model.graph.node} - onnx_writer_tensorrt_ops()
-
-
-def onnx_writer_tensorrt_ops() -> frozenset:
-    from leapp.compiling.tensorrt_ops import TENSORRT_OPS
-    return TENSORRT_OPS
+    check_case(tmp_path, fn, specs, exact=True)
 
 
 def test_reductions_at_opset_17(tmp_path):
@@ -521,6 +522,20 @@ SHAPES = {
                                      "take": torch.take_along_dim(x, k.view(1, 3, 1).expand(2, 3, 1),
                                                                   dim=2)},
                        [f(2, 3, 4), idx(3, 3)]),
+    # k: int64 in [-3, 3), n: int32 in [-4, 4) (negative values count from the end),
+    # j: int64 in [0, 4); eager's placement: adjacent index dims stay in place, index
+    # dims separated by a slice or None put the broadcast dims in front
+    "getitem_mixed": (lambda x, k, n, j: {
+        "tensor_int": x[k, 2], "int_tensor": x[2, :, n], "tensor_slice": x[k, :, 1:3],
+        "ellipsis": x[..., n], "neg_int": x[-1, k], "neg_ints": x[k, -2, -1],
+        "two": x[k, n], "separated": x[k, :, j], "none_between": x[k, None, j],
+        "none_first": x[None, k, :, j], "broadcast": x[k.view(3, 1), j], "adjacent": x[:, n, j],
+        "slices_around": x[1:, n, ::2], "list": x[:, [0, 2, 1], k],
+        "zero_dim": x[:, k[0]], "zero_dim_first": x[k[1], :, n],
+        "const_mask": x[torch.tensor([True, False, True]), :, k[:2]],
+        "three": x[k, j, n.view(3, 1)], "int32_alone": x.transpose(0, 1)[n],
+        "half": x.half()[k, :, j]},
+        [f(3, 4, 5), i(3, high=3), i(3, dtype=torch.int32, high=4), idx(4, 3)]),
     "setitem": (_setitems, [f(2, 3, 4), f(2, 3, 4)]),
     "masked": (lambda x, m: {"fill": x.masked_fill(x < 0, -1.0), "fill_m": x.masked_fill(m, 2.0),
                              "bool": (x > 0).masked_fill(m, True),
@@ -536,7 +551,8 @@ SHAPES = {
         "diagonal_swapped": torch.diagonal(x, offset=2, dim1=2, dim2=1),
         "embed": torch.diag_embed(m), "embed_off": torch.diag_embed(x, 1, 0, 2),
         "embed_neg": torch.diag_embed(m, -2, dim1=2, dim2=0), "flat": torch.diagflat(m),
-        "flat_off": torch.diagflat(v, -1), "int": torch.diag(v.long() * 3), "bool": torch.diag(v > 0),
+        "flat_off": torch.diagflat(v, -1), "int": torch.diag(v.long() * 3),
+        "bool": torch.diag(v > 0),
         "int16": torch.diag_embed(m.to(torch.int16)), "half": torch.diag(v.half(), 1),
         # infinities on the diagonal, zeros (not NaN) off it
         "inf": torch.diag(v / (v * 0))}, [f(2, 3, 4), f(4), f(3, 5)]),
@@ -570,6 +586,20 @@ def test_views_write_static_shapes(tmp_path):
         if node.op_type in ("Reshape", "Expand"):
             assert (consts[node.input[1]] >= 0).all(), node
 
+
+#: Rules written as compositions (ONNX has no CumProd, CumMax, LogAddExp, ...).
+COMPOSED = {"logaddexp": ELEMENTWISE["logaddexp"], "diagonals": SHAPES["diagonals"],
+            "getitem_mixed": SHAPES["getitem_mixed"], **CUMULATIVE}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSED))
+def test_composed_rules_use_tensorrt_ops(tmp_path, case):
+    """Their ops are all in TensorRT's documented set (what `leapp check --deploy` lists)."""
+    from leapp.compiling.tensorrt_ops import op_counts, outside
+    fn, specs = COMPOSED[case]
+    gen = torch.Generator().manual_seed(0)
+    model = write_node(trace_node(tmp_path, fn, [s.draw(gen) for s in specs]))
+    assert outside(op_counts(model)) == {}
 
 # ---------------------------------------------------------------------------
 # casts, comparisons, where
@@ -835,9 +865,11 @@ def test_float64_without_an_onnxruntime_kernel_is_refused(tmp_path):
         write_node(node)
 
 
-def test_a_traced_boolean_mask_is_refused(tmp_path):
-    node = trace_node(tmp_path, lambda x, k: {"y": x[:, k > 0]},
-                      [torch.randn(2, 3), torch.tensor([1, -1, 1])])
+@pytest.mark.parametrize("key", ["mask", "mask_and_index"])
+def test_a_traced_boolean_mask_is_refused(tmp_path, key):
+    fn = {"mask": lambda x, k: {"y": x[:, k > 0]},
+          "mask_and_index": lambda x, k: {"y": x[k[:1], k > 0]}}[key]
+    node = trace_node(tmp_path, fn, [torch.randn(3, 3), torch.tensor([1, -1, 1])])
     with pytest.raises(onnx_writer.NoRule, match="data-dependent"):
         write_node(node)
 

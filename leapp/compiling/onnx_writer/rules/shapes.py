@@ -1,9 +1,11 @@
 """Shapes, views and indexing: every view writes eager's static result shape
 (Reshape / Expand to the traced shape, never -1), permutations as Transpose,
-basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, any
-other constant key as one Gather of the flat positions it selects, and the
-functional rewrites of in-place writes the tracer records (index_write,
-masked_write, copy_write, ...) as ScatterElements / Where / Expand."""
+basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, keys
+mixing tensor indices computed from the inputs with other parts as eager indexes
+(rules.indexing), any other constant key as one Gather of the flat positions it
+selects, diagonals as Gather of constant positions, and the functional rewrites
+of in-place writes the tracer records (index_write, masked_write, copy_write, ...)
+as ScatterElements / Where / Expand."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +14,7 @@ import torch
 
 from ..emit import Call, Value, rule
 from .common import norm_dim, operand
+from .indexing import advanced
 
 _BIG = 2 ** 63 - 1
 
@@ -526,8 +529,8 @@ def _expand_key(key: Any, rank: int) -> list | None:
     for item in items:
         if item is None or item is Ellipsis:
             continue
-        if isinstance(item, Value) and item.dtype == torch.bool:
-            consumed += item.rank
+        if isinstance(item, Value) and item.dtype in (torch.bool, torch.uint8):
+            consumed += item.rank  # a mask covers as many dims as it has
         else:
             consumed += 1
     if consumed > rank:
@@ -549,7 +552,7 @@ def _basic(call: Call, x: Value, items: list) -> str | None:
     if any(isinstance(i, (bool, list, torch.Tensor)) for i in items):
         return None
     if len(tensors) > 1 or (tensors and ints) or \
-            (tensors and tensors[0].dtype == torch.bool):
+            (tensors and tensors[0].dtype in (torch.bool, torch.uint8)):
         return None
     name = x.name
     starts, ends, axes, steps = [], [], [], []
@@ -616,12 +619,12 @@ def getitem(call: Call) -> str:
         if name is not None:
             return name
         del call.e.nodes[before:]
-    # Any other key: the flat positions it selects, if no part of it is traced.
     example_key = call.example_args[1]
-    traced = _traced_parts(key)
-    if traced:
-        raise call.refuse("a traced index mixed with other indices (only one tensor index "
-                          "with slices is written); boolean masks give data-dependent shapes")
+    if _traced_parts(key):  # tensor indices computed from the inputs, with other parts
+        if items is None:
+            raise call.refuse(f"a key of more parts than the {x.rank} dims of the tensor")
+        return advanced(call, x, items)
+    # Any other key: the flat positions it selects (all of it is known here).
     with torch.no_grad():
         positions = torch.arange(x.example.numel()).reshape(x.shape)[example_key]
     return call.e.op("Gather", [call.e.reshape(x.name, (-1,)), call.e.tensor_const(positions)],
@@ -631,10 +634,12 @@ def getitem(call: Call) -> str:
 def _traced_parts(key: Any) -> bool:
     """Whether any part of the key is a value computed from the node's inputs (not a
     folded constant)."""
-    items = key if isinstance(key, (tuple, list)) else (key,)
-    for item in items:
-        if isinstance(item, Value) and not item.const:
-            return True
+    if isinstance(key, Value):
+        return not key.const
+    if isinstance(key, (tuple, list)):
+        return any(_traced_parts(item) for item in key)
+    if isinstance(key, slice):
+        return any(_traced_parts(v) for v in (key.start, key.stop, key.step))
     return False
 
 
