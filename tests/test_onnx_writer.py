@@ -431,7 +431,8 @@ CUMULATIVE = {
                                       "i32": a.int().cummin(0)[1],
                                       "i8": a.to(torch.int8).cummax(-1)[0],
                                       "bool_v": m.cummax(1)[0], "bool_i": m.cummax(1)[1],
-                                      "bool_min": m.cummin(0)[1], "scalar": a[0, 0].cummax(0)[1]},
+                                      "bool_min": m.cummin(0)[1], "scalar": a[0, 0].cummax(0)[1],
+                                      "f64": (a * 0.5).double().cummin(1)[0]},
                         [i(4, 7, high=3), b(4, 7)]),
 }
 
@@ -443,6 +444,13 @@ def test_cumulative_products_maxima_minima(tmp_path, case):
     extreme (ties), NaN sticking as eager's."""
     fn, specs = CUMULATIVE[case]
     check_case(tmp_path, fn, specs, exact=True)
+
+
+def test_cummax_at_opset_14(tmp_path):
+    """Below opset 18 ReduceMax / ReduceMin take their axes as attributes."""
+    fn, specs = CUMULATIVE["cummax_cummin"]
+    model = check_case(tmp_path, fn, specs, exact=True, opset=14)
+    assert model.opset_import[0].version == 14
 
 
 def test_reductions_at_opset_17(tmp_path):
