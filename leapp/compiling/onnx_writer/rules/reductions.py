@@ -208,7 +208,6 @@ def cumsum(call: Call) -> str:
     return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
 
 
-
 #: The type eager's CPU kernels accumulate a cumulative product in (at::acc_type):
 #: float32 in float64, reduced floats in float32, integers in int64.
 _CUM_ACC = {torch.float32: torch.float64, torch.float64: torch.float64,
@@ -311,6 +310,7 @@ def _cumulative_extreme(largest: bool):  # noqa: ANN202
 
 rule("cummax")(_cumulative_extreme(True))
 rule("cummin")(_cumulative_extreme(False))
+
 
 def _topk(call: Call, x: Value, k: int, dim: int, largest: bool) -> list[str]:
     e = call.e
