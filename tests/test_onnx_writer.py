@@ -219,6 +219,7 @@ ELEMENTWISE = {
         "atanh": torch.atanh(torch.tanh(x) * 0.9), "erf": torch.erf(x),
         "reciprocal": (x.abs() + 1).reciprocal(), "log2": torch.log2(x.abs() + 1),
         "log10": torch.log10(x.abs() + 1), "log1p": torch.log1p(x.abs()),
+        "log1p_tiny": torch.log1p(x * 1e-9) * 1e9,
         "expm1": torch.expm1(x), "exp2": torch.exp2(x), "abs": abs(x), "sign": x.sign(),
         "sigmoid": torch.sigmoid(x), "tanh": x.tanh()}, [f(4, 5)]),
     "rounding": (lambda x: {"floor": x.floor(), "ceil": torch.ceil(x), "round": x.round(),

@@ -246,8 +246,7 @@ rule("log10")(_log_base(10.0))
 @rule("log1p")
 def log1p(call: Call) -> str:
     work = opmath(call.out.dtype)
-    x = operand(call, call.args[0], work)
-    return finish(call, call.e.op("Log", [call.e.op("Add", [x, call.e.const(1, work)])]), work)
+    return finish(call, _log1p(call, operand(call, call.args[0], work), work), work)
 
 
 @rule("expm1")
