@@ -406,6 +406,10 @@ CUMULATIVE = {
                                  "to_half": x.cumprod(1, dtype=torch.float16),
                                  "to_int": torch.cumprod(x * 3, -1, dtype=torch.int32),
                                  "scalar": x[0, 0, 0].cumprod(0)}, [f(2, 5, 4)]),
+    # long sums: eager's CPU kernel adds float32 in float64 and rounds each prefix once
+    "cumsum_float": (lambda x: {"s": x.cumsum(1), "s0": torch.cumsum(x, 0),
+                                "half": x.half().cumsum(-1), "to_half": x.cumsum(1, dtype=torch.float16),
+                                "f64": x.double().cumsum(1)}, [f(3, 1000)]),
     "cumprod_float64": (lambda x: {"p": x.cumprod(0), "p1": torch.cumprod(x, -1)},
                         [f(6, 3, dtype=torch.float64)]),
     # 24 factors below 100: the int64 product wraps around, as eager's

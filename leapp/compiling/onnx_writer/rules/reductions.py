@@ -197,21 +197,28 @@ def linalg_vector_norm(call: Call) -> str:
     return finish(call, vector_norm(call, x, order, axes, keep, work), work)
 
 
-@rule("cumsum")
-def cumsum(call: Call) -> str:
-    x = call.args[0]
-    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
-    work = opmath(call.out.dtype)
-    if work == torch.bool:
-        work = torch.int64
-    v = operand(call, x, work)
-    return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
-
-
-#: The type eager's CPU kernels accumulate a cumulative product in (at::acc_type):
-#: float32 in float64, reduced floats in float32, integers in int64.
+#: The type eager's CPU kernels accumulate a cumulative sum or product in
+#: (at::acc_type): float32 in float64, reduced floats in float32, integers in int64.
 _CUM_ACC = {torch.float32: torch.float64, torch.float64: torch.float64,
             torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+@rule("cumsum")
+def cumsum(call: Call) -> str:
+    """CumSum in eager's accumulator type (a float32 sum in float64, as the CPU kernel),
+    rounded once at the end: the same sums as eager."""
+    x = call.args[0]
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    out = call.out.dtype
+    work = _CUM_ACC.get(out, opmath(out))
+    if work == torch.bool:
+        work = torch.int64
+    # dtype= converts the input first (float32 to float16 rounds), then accumulates
+    if out in _CUM_ACC:
+        v = call.e.cast(operand(call, x, out), out, work)
+    else:
+        v = operand(call, x, work)
+    return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
 #: Longest dim a cumulative product / max / min is written for (the product is unrolled,
 #: the max and min compare every pair of positions); longer ones go to torch's exporter.
 CUM_MAX_LENGTH = 1024
