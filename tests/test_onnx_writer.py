@@ -220,6 +220,8 @@ ELEMENTWISE = {
         "reciprocal": (x.abs() + 1).reciprocal(), "log2": torch.log2(x.abs() + 1),
         "log10": torch.log10(x.abs() + 1), "log1p": torch.log1p(x.abs()),
         "log1p_tiny": torch.log1p(x * 1e-9) * 1e9,
+        # +inf, -1 and below: inf, -inf, NaN as eager (the accurate form's inf / inf)
+        "log1p_edges": torch.log1p(torch.where(x > 0.5, float("inf"), x * 3 - 1)),
         "expm1": torch.expm1(x), "exp2": torch.exp2(x), "abs": abs(x), "sign": x.sign(),
         "sigmoid": torch.sigmoid(x), "tanh": x.tanh()}, [f(4, 5)]),
     "rounding": (lambda x: {"floor": x.floor(), "ceil": torch.ceil(x), "round": x.round(),

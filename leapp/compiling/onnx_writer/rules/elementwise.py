@@ -444,12 +444,14 @@ def nan_to_num(call: Call) -> object:
 
 def _log1p(call: Call, y: str, work: torch.dtype) -> str:
     """log(1 + y) accurate for small y (ONNX has no Log1p): with u = 1 + y rounded,
-    log(u) * y / (u - 1), and y itself where u rounds to 1."""
+    log(u) * y / (u - 1), and y itself where u rounds to 1 (and keeps y's sign of zero)
+    or is +inf (where the ratio is inf / inf)."""
     e = call.e
     one = e.const(1, work)
     u = e.op("Add", [y, one])
     ratio = e.op("Div", [e.op("Mul", [e.op("Log", [u]), y]), e.op("Sub", [u, one])])
-    return e.op("Where", [e.op("Equal", [u, one]), y, ratio])
+    keep = e.op("Or", [e.op("Equal", [u, one]), e.op("Equal", [u, e.const(math.inf, work)])])
+    return e.op("Where", [keep, y, ratio])
 
 
 def _log_add_exp(base2: bool):  # noqa: ANN202
