@@ -38,6 +38,13 @@ from leapp.tracing.annotations import info
 from support import ROOT, writer_census
 
 FALLBACK = "torch's ONNX exporter"
+
+
+@pytest.fixture(autouse=True)
+def _the_writer_on(monkeypatch):
+    """These are the writer's tests: LEAPP_ONNX_WRITER=torch (a whole-suite run with torch's
+    exporter) does not apply to them; the test of that variable sets it itself."""
+    monkeypatch.delenv(onnx_writer.ENV, raising=False)
 DEFAULT_OPSET = 20
 
 # ---------------------------------------------------------------------------
