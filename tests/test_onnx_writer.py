@@ -441,6 +441,18 @@ SHAPES = {
                                      "take": torch.take_along_dim(x, k.view(1, 3, 1).expand(2, 3, 1),
                                                                   dim=2)},
                        [f(2, 3, 4), idx(3, 3)]),
+    # the aten forms TorchScript records (a jit node written for the fused model)
+    "aten_slice_index": (lambda x, k: {
+        "slice": torch.ops.aten.slice.Tensor(x, 1, 1, 3),
+        "step": torch.ops.aten.slice.Tensor(x, 2, 0, 2 ** 63 - 1, 2),
+        "neg": torch.ops.aten.slice.Tensor(x, -1, -3, -1),
+        "all": torch.ops.aten.slice.Tensor(x, 0, None, None),
+        "past_end": torch.ops.aten.slice.Tensor(x, 1, 2, 100),
+        "index": torch.ops.aten.index.Tensor(x, [None, k]),
+        "index_last": torch.ops.aten.index.Tensor(x, [None, None, k]),
+        "index_consts": torch.ops.aten.index.Tensor(x, [torch.tensor([0, 1]), None,
+                                                        torch.tensor([2, 0])])},
+        [f(2, 3, 4), idx(3, 3)]),
     "setitem": (_setitems, [f(2, 3, 4), f(2, 3, 4)]),
     "masked": (lambda x, m: {"fill": x.masked_fill(x < 0, -1.0), "fill_m": x.masked_fill(m, 2.0),
                              "where": torch.where(m, x, torch.zeros_like(x))},
