@@ -361,8 +361,11 @@ def test_metadata_is_json_with_the_documented_fields(bundles, tmp_path):
         assert set(state) == {"input", "output", "dtype", "shape", "initial"}
 
 
-def test_jit_gru_cell_reaches_onnx_through_torch_export(tmp_path):
-    """aten::gru_cell has no TorchScript-exporter symbolic: the converter path takes it."""
+@pytest.mark.parametrize("writer", ["leapp", "torch"])
+def test_jit_gru_cell_reaches_onnx(tmp_path, monkeypatch, writer):
+    """aten::gru_cell: leapp's writer writes it as one ONNX GRU; with the writer off
+    (LEAPP_ONNX_WRITER=torch), torch's TorchScript exporter has no symbolic for it and
+    the converter path through torch.export decomposes it."""
     gru = torch.nn.GRUCell(6, 8).eval()
     leapp.start("gru", save_path=str(tmp_path))
     with torch.no_grad():
@@ -376,9 +379,14 @@ def test_jit_gru_cell_reaches_onnx_through_torch_export(tmp_path):
     leapp.stop()
     leapp.compile_graph(visualize=False)
     yaml_path = str(tmp_path / "gru" / "gru.yaml")
+    if writer == "torch":
+        monkeypatch.setenv("LEAPP_ONNX_WRITER", "torch")
     path = leapp.fuse(yaml_path)
     ops = {node.op_type for node in onnx.load(path).graph.node}
-    assert "Sigmoid" in ops and "Tanh" in ops  # the cell, decomposed
+    if writer == "torch":
+        assert "Sigmoid" in ops and "Tanh" in ops and "GRU" not in ops  # the cell, decomposed
+    else:
+        assert "GRU" in ops
     _run_side_by_side(FusedModel(path), InferenceManager(yaml_path))
 
 

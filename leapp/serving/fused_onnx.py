@@ -47,8 +47,6 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
         else:  # positional
             mapping = list(graph_inputs) + [None] * (len(entry.input_names) - len(graph_inputs))
         return model, mapping, [o.name for o in model.graph.output]
-    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
-    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     args = example_inputs(entry)
     program: Any = None
     if backend == "jit":
@@ -57,6 +55,11 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
         from ..bundle.pt2_reader import load_pt2
         program = load_pt2(entry.model_path)
         module = traced_pt2(program, args) if not has_control_flow(program) else None
+    written = _written(name, entry, module, args, opset)
+    if written is not None:
+        return written
+    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
+    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     if module is not None:
         try:
             model = _torchscript_onnx(module, args, in_names, out_names,
@@ -79,6 +82,37 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     mapping = [n if n in graph_inputs else None for n in in_names]
     outputs = [o.name for o in model.graph.output]
     return model, mapping, outputs
+
+
+def _written(name: str, entry: Any, module: Any, args: tuple[torch.Tensor, ...],
+             opset: int) -> tuple[Any, list[str | None], list[str]] | None:
+    """The node (its TorchScript module, None for a pt2 program with control flow)
+    written by leapp's ONNX writer, as _node_onnx returns it; None when the writer
+    does not write it, with the node and the reason logged (torch's exporter then
+    converts it)."""
+    from ..compiling.backends.onnx import (NotWritten, deduplicate_names, write_callable,
+                                           writer_enabled)
+
+    if not writer_enabled():
+        logger.info("Node %s (%s): converted to ONNX with torch's exporter (the ONNX writer "
+                    "is turned off)", quote(name), entry.backend)
+        return None
+    try:
+        if module is None:
+            raise NotWritten("its torch.export program holds control flow (torch.cond or a "
+                             "loop), which one trace would cut to one branch")
+        model = write_callable(name, module, args, list(entry.input_names),
+                               list(entry.output_names), opset)
+    except NotWritten as exc:
+        logger.warning("Node %s (%s): converted to ONNX with torch's exporter, not leapp's "
+                       "ONNX writer: %s", quote(name), entry.backend, exc)
+        return None
+    logger.info("Node %s (%s): written to ONNX by leapp's ONNX writer", quote(name),
+                entry.backend)
+    inputs = set(_graph_input_names(model))
+    names = deduplicate_names(name, list(entry.input_names), list(entry.output_names))[0]
+    return model, [n if n in inputs else None for n in names], \
+        [o.name for o in model.graph.output]
 
 
 def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
