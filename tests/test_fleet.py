@@ -205,3 +205,39 @@ def test_runner_from_yaml_and_refusals(fleets, bundle):
                                         "a leading dimension of 1"):
         leapp.fuse(flat, batch=True)
     assert not [f for f in os.listdir(bundle.dir("flat")) if "fused" in f]
+
+
+def test_a_node_the_writer_fixes_to_one_robot_is_batched_through_torchs_exporter(
+        bundle, caplog, monkeypatch):
+    """leapp's ONNX writer writes a jit node's flatten as a Reshape to the traced [1, 6]:
+    the batched model converts that node again with torch's exporter (an ONNX Flatten),
+    says so, and still steps every robot as InferenceManager does."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(6, ACT).eval()
+    leapp.start("flat_obs", save_path=bundle.root)
+    with torch.no_grad():
+        for _ in range(2):
+            x = annotate.input_tensors("obs", {"img": torch.randn(1, 2, 3)})
+            annotate.output_tensors("obs", {"a": linear(x.flatten(1))}, export_with="jit")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    yaml_path = os.path.join(bundle.dir("flat_obs"), "flat_obs.yaml")
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "Node 'obs' (jit): written to ONNX by leapp's ONNX writer" in caplog.text
+    assert ("written with leapp's ONNX writer (nodes 'obs') cannot be batched" in caplog.text
+            and "converting those nodes with torch's exporter" in caplog.text)
+    assert read_metadata(path)["batched"] is True
+    assert "Flatten" in {n.op_type for n in onnx.load(path).graph.node}
+    fleet = FleetRunner(yaml_path, 3)
+    managers = {robot: InferenceManager(yaml_path) for robot in fleet.robots}
+    generator = torch.Generator().manual_seed(4)
+    for step in range(3):
+        feeds = {robot: {"obs/img": torch.randn(1, 2, 3, generator=generator)}
+                 for robot in fleet.robots}
+        got = fleet.step_robots(feeds)
+        for robot in fleet.robots:
+            want = managers[robot].run_policy(feeds[robot])
+            torch.testing.assert_close(got[robot]["obs/a"], want["obs/a"], rtol=1e-4,
+                                       atol=1e-5, msg=f"step {step}, robot {robot}")
