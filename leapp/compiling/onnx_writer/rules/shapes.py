@@ -35,7 +35,10 @@ def reshape(call: Call) -> str:
         raise call.refuse("a view as another dtype (a bit cast)")
     if tuple(call.out.shape) == x.shape:
         return call.e.op("Identity", [x.name])
-    return call.e.reshape(x.name, tuple(call.out.shape))
+    target = tuple(call.out.shape)
+    if call.e.open_leading and x.rank and target and x.shape[0] == 1 and target[0] == 1:
+        target = (0,) + target[1:]  # the leading 1 copied from the input (Emitter)
+    return call.e.reshape(x.name, target)
 
 
 @rule("expand", "expand_as", "broadcast_to", "expand_copy")
