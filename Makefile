@@ -51,8 +51,9 @@ test-device:
 # 1.26, and the pinned torch with NumPy 2 (.venv).  The side environments live in
 # .matrix/ and are made once; the first run downloads torch 2.7.1 (a CUDA build,
 # about 5 GB with its nvidia packages; it runs on the CPU).
+# MATRIX_ARGS=--side-only leaves out .venv (CI: `make test` has just run all of it there).
 test-matrix: build
-	$(PY) tests/matrix.py
+	$(PY) tests/matrix.py $(MATRIX_ARGS)
 
 # The debug core in place: -O0 -g3 and assert() of the invariants csrc/ states
 # (LEAPP_DEBUG_BUILD=1).  The stamp goes, so the next `make build` (or `make
