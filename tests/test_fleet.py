@@ -205,3 +205,73 @@ def test_runner_from_yaml_and_refusals(fleets, bundle):
                                         "a leading dimension of 1"):
         leapp.fuse(flat, batch=True)
     assert not [f for f in os.listdir(bundle.dir("flat")) if "fused" in f]
+
+
+def _flat_obs(bundle, bidirectional: bool = False) -> str:
+    """obs (jit): a flatten, then a linear layer, or a bidirectional GRU over one step."""
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(6, ACT).eval()
+    gru = torch.nn.GRU(6, 4, bidirectional=True).eval()
+
+    def obs(x):
+        if bidirectional:  # [1 step, the robot as GRU batch, 6]
+            return gru(x.flatten(1).unsqueeze(0))[0].squeeze(0) * 1.0
+        return linear(x.flatten(1))
+
+    leapp.start("flat_obs", save_path=bundle.root)
+    with torch.no_grad():
+        for _ in range(2):
+            x = annotate.input_tensors("obs", {"img": torch.randn(1, 2, 3)})
+            annotate.output_tensors("obs", {"a": obs(x)}, export_with="jit")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    leapp._core.reset_nodes()
+    return os.path.join(bundle.dir("flat_obs"), "flat_obs.yaml")
+
+
+def _check_fleet(yaml_path: str, output: str) -> None:
+    fleet = FleetRunner(yaml_path, 3)
+    managers = {robot: InferenceManager(yaml_path) for robot in fleet.robots}
+    generator = torch.Generator().manual_seed(4)
+    for step in range(3):
+        feeds = {robot: {"obs/img": torch.randn(1, 2, 3, generator=generator)}
+                 for robot in fleet.robots}
+        got = fleet.step_robots(feeds)
+        for robot in fleet.robots:
+            want = managers[robot].run_policy(feeds[robot])
+            torch.testing.assert_close(got[robot][output], want[output], rtol=1e-4,
+                                       atol=1e-5, msg=f"step {step}, robot {robot}")
+
+
+def test_a_written_node_keeps_the_robot_dimension_open(bundle, caplog, monkeypatch):
+    """leapp's ONNX writer writes the jit node's flatten as a Reshape that copies the
+    leading dimension (0, 6): the batched model stacks robots on it as written."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    yaml_path = _flat_obs(bundle)
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "Node 'obs' (jit): written to ONNX by leapp's ONNX writer" in caplog.text
+    assert "cannot be batched" not in caplog.text
+    model = onnx.load(path)
+    assert read_metadata(path)["batched"] is True
+    targets = {tuple(onnx.numpy_helper.to_array(t).tolist()) for t in model.graph.initializer
+               if t.name.startswith("n0_obs::") and t.data_type == onnx.TensorProto.INT64}
+    assert (0, 6) in targets and "Flatten" not in {n.op_type for n in model.graph.node}
+    _check_fleet(yaml_path, "obs/a")
+
+
+def test_a_written_node_fixed_to_one_robot_is_batched_through_torchs_exporter(
+        bundle, caplog, monkeypatch):
+    """The writer's bidirectional GRU reshapes its output to the traced [1, 1, 8] (the
+    robot is the GRU's batch): the batched model converts the node again with torch's
+    exporter (a Reshape to [0, 0, -1]), says so, and steps every robot as
+    InferenceManager does."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    yaml_path = _flat_obs(bundle, bidirectional=True)
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "Node 'obs' (jit): written to ONNX by leapp's ONNX writer" in caplog.text
+    assert ("written with leapp's ONNX writer (nodes 'obs') cannot be batched" in caplog.text
+            and "converting those nodes with torch's exporter" in caplog.text)
+    assert read_metadata(path)["batched"] is True
+    _check_fleet(yaml_path, "obs/a")

@@ -361,8 +361,11 @@ def test_metadata_is_json_with_the_documented_fields(bundles, tmp_path):
         assert set(state) == {"input", "output", "dtype", "shape", "initial"}
 
 
-def test_jit_gru_cell_reaches_onnx_through_torch_export(tmp_path):
-    """aten::gru_cell has no TorchScript-exporter symbolic: the converter path takes it."""
+@pytest.mark.parametrize("writer", ["leapp", "torch"])
+def test_jit_gru_cell_reaches_onnx(tmp_path, monkeypatch, writer):
+    """aten::gru_cell: leapp's writer writes it as one ONNX GRU; with the writer off
+    (LEAPP_ONNX_WRITER=torch), torch's TorchScript exporter has no symbolic for it and
+    the converter path through torch.export decomposes it."""
     gru = torch.nn.GRUCell(6, 8).eval()
     leapp.start("gru", save_path=str(tmp_path))
     with torch.no_grad():
@@ -376,9 +379,16 @@ def test_jit_gru_cell_reaches_onnx_through_torch_export(tmp_path):
     leapp.stop()
     leapp.compile_graph(visualize=False)
     yaml_path = str(tmp_path / "gru" / "gru.yaml")
+    if writer == "torch":
+        monkeypatch.setenv("LEAPP_ONNX_WRITER", "torch")
+    else:  # this test is about the writer, also in a suite run that turns it off
+        monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
     path = leapp.fuse(yaml_path)
     ops = {node.op_type for node in onnx.load(path).graph.node}
-    assert "Sigmoid" in ops and "Tanh" in ops  # the cell, decomposed
+    if writer == "torch":
+        assert "Sigmoid" in ops and "Tanh" in ops and "GRU" not in ops  # the cell, decomposed
+    else:
+        assert "GRU" in ops
     _run_side_by_side(FusedModel(path), InferenceManager(yaml_path))
 
 
@@ -401,3 +411,132 @@ def test_input_no_edge_feeds_is_a_constant(bundles, tmp_path, format):
         handle.write(edited)
     meta = read_metadata(leapp.fuse(yaml_path, format=format))  # validated against IM
     assert dropped not in [p["name"] for p in meta["inputs"]]
+
+
+# ---------------------------------------------------------------------------
+# jit and pt2 nodes through leapp's ONNX writer (a private trace of each node's module)
+
+WRITTEN = "written to ONNX by leapp's ONNX writer"
+CONVERTED = "converted to ONNX with torch's exporter, not leapp's ONNX writer"
+
+
+def _mixed_pipeline(out: str, scale: float = 0.5, obs_fn=None) -> str:
+    """obs (jit: slicing, normalisation) -> memory (jit, GRU cell state fed back) ->
+    policy (pt2: MLP) -> head (onnx-dynamo); returns the YAML path."""
+    torch.manual_seed(7)
+    gru = torch.nn.GRUCell(6, 8).eval()
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ELU(),
+                              torch.nn.Linear(16, 3)).eval()
+    mean, std = torch.randn(6), torch.rand(6) + 0.5
+    obs_fn = obs_fn or (lambda raw: torch.cat([(raw[:, :4] - mean[:4]) / std[:4],
+                                               raw[:, -2:] * 0.1], dim=-1))
+    leapp.start("mixed", save_path=out)
+    with torch.no_grad():
+        hidden = torch.zeros(1, 8)
+        for _ in range(3):
+            raw = annotate.input_tensors("obs", {"raw": torch.randn(1, 9)})
+            o = annotate.output_tensors("obs", {"o": obs_fn(raw)}, export_with="jit")
+            x = annotate.input_tensors("memory", {"o": o})
+            h = annotate.state_tensors("memory", {"hidden": hidden})
+            h_new = gru(x, h)
+            hidden = annotate.update_state("memory", {"hidden": h_new})
+            latent = annotate.output_tensors("memory", {"latent": h_new.clone()},
+                                             export_with="jit")
+            z = annotate.input_tensors("policy", {"latent": latent})
+            a = annotate.output_tensors("policy", {"a": mlp(z)}, export_with="pt2")
+            y = annotate.input_tensors("head", {"a": a})
+            annotate.output_tensors("head", {"action": torch.tanh(y) * scale},
+                                    export_with="onnx-dynamo")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    return os.path.join(out, "mixed", "mixed.yaml")
+
+
+def _no_torch_exporter(*args, **kwargs):
+    raise AssertionError("torch.onnx.export was called")
+
+
+@pytest.fixture
+def writer_on(monkeypatch):
+    """These tests are about the writer, also in a suite run with LEAPP_ONNX_WRITER=torch."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+
+
+def test_jit_and_pt2_nodes_are_written_by_leapps_writer(tmp_path, monkeypatch, caplog, writer_on):
+    yaml_path = _mixed_pipeline(str(tmp_path))
+    nodes_before = dict(leapp._core.nodes())
+    monkeypatch.setattr(torch.onnx, "export", _no_torch_exporter)  # no torch exporter runs
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path)
+    for node, backend in (("obs", "jit"), ("memory", "jit"), ("policy", "pt2")):
+        assert f"Node '{node}' ({backend}): {WRITTEN}" in caplog.text
+    assert CONVERTED not in caplog.text
+    # the private traces left the session's nodes as they were, tracing off
+    assert list(nodes_before) == ["obs", "memory", "policy", "head"]
+    assert dict(leapp._core.nodes()) == nodes_before and not leapp._core.is_tracing()
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    ops = {n.op_type for n in model.graph.node}
+    assert "GRU" in ops and "Slice" in ops  # the writer's GRU rule, aten.slice's rule
+    manager = InferenceManager(yaml_path)
+    assert read_metadata(path)["state"][0]["input"] == "memory/hidden"
+    _run_side_by_side(FusedModel(path, providers=["CPUExecutionProvider"]), manager)
+
+
+def test_a_node_without_a_writer_rule_falls_back_with_its_reason(tmp_path, caplog, writer_on):
+    """torch.nn.functional.hardshrink has no rule: torch's exporter converts that node,
+    the warning names the node and the op; the others are still written."""
+    yaml_path = _mixed_pipeline(
+        str(tmp_path), obs_fn=lambda raw: torch.nn.functional.hardshrink(raw[:, 1:7], 0.3))
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path)  # validated against InferenceManager
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and CONVERTED in r.message]
+    assert len(warned) == 1 and warned[0].message.startswith("Node 'obs' (jit)")
+    assert "no ONNX rule for" in warned[0].message and "hardshrink" in warned[0].message
+    assert f"Node 'memory' (jit): {WRITTEN}" in caplog.text
+    assert f"Node 'policy' (pt2): {WRITTEN}" in caplog.text
+    _run_side_by_side(FusedModel(path, providers=["CPUExecutionProvider"]),
+                      InferenceManager(yaml_path))
+
+
+class _Branches(torch.nn.Module):
+    def forward(self, y):
+        if bool(y.sum() > 0):
+            return torch.relu(y) + 1
+        return y - 1
+
+
+def test_control_flow_in_a_jit_file_falls_back(tmp_path, caplog, writer_on):
+    """A user's own TorchScript file branching on its input: the private trace refuses
+    (a value read into Python), torch's exporter keeps both branches (an ONNX If)."""
+    byom = str(tmp_path / "branches.pt")
+    torch.jit.save(torch.jit.script(_Branches()), byom)
+    _two_nodes(str(tmp_path / "out"), fuse=False, byom=byom)
+    leapp._core.reset_nodes()
+    yaml_path = str(tmp_path / "out" / "two" / "two.yaml")
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path)  # validated: both branches are taken over the steps
+    assert "Node 'a' (jit): " + WRITTEN in caplog.text
+    message = next(r.message for r in caplog.records if r.message.startswith("Node 'b' (jit)"))
+    assert CONVERTED in message and "read into Python by bool()" in message, message
+    assert "If" in {n.op_type for n in onnx.load(path).graph.node}  # both branches kept
+    _run_side_by_side(FusedModel(path, providers=["CPUExecutionProvider"]),
+                      InferenceManager(yaml_path))
+
+
+def test_a_running_session_is_left_alone(tmp_path, caplog, writer_on):
+    """leapp.fuse while the user traces: the tracer is theirs, so every jit / pt2 node
+    goes through torch's exporter, and the session's nodes stay as they were."""
+    yaml_path = _mixed_pipeline(str(tmp_path / "bundle"))
+    leapp.start("user", save_path=str(tmp_path))
+    try:
+        x = annotate.input_tensors("user_node", {"x": torch.randn(1, 3)})
+        annotate.output_tensors("user_node", {"y": x * 3}, export_with="jit")
+        with caplog.at_level("INFO", logger="leapp"):
+            leapp.fuse(yaml_path)
+        assert leapp._core.is_tracing() and list(leapp._core.nodes()) == ["user_node"]
+    finally:
+        leapp.stop()
+    reasons = [r.message for r in caplog.records if CONVERTED in r.message]
+    assert len(reasons) == 3 and all("a leapp tracing session is running" in m
+                                     for m in reasons), reasons

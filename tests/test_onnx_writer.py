@@ -544,6 +544,18 @@ SHAPES = {
                                      "take": torch.take_along_dim(x, k.view(1, 3, 1).expand(2, 3, 1),
                                                                   dim=2)},
                        [f(2, 3, 4), idx(3, 3)]),
+    # the aten forms TorchScript records (a jit node written for the fused model)
+    "aten_slice_index": (lambda x, k: {
+        "slice": torch.ops.aten.slice.Tensor(x, 1, 1, 3),
+        "step": torch.ops.aten.slice.Tensor(x, 2, 0, 2 ** 63 - 1, 2),
+        "neg": torch.ops.aten.slice.Tensor(x, -1, -3, -1),
+        "all": torch.ops.aten.slice.Tensor(x, 0, None, None),
+        "past_end": torch.ops.aten.slice.Tensor(x, 1, 2, 100),
+        "index": torch.ops.aten.index.Tensor(x, [None, k]),
+        "index_last": torch.ops.aten.index.Tensor(x, [None, None, k]),
+        "index_consts": torch.ops.aten.index.Tensor(x, [torch.tensor([0, 1]), None,
+                                                        torch.tensor([2, 0])])},
+        [f(2, 3, 4), idx(3, 3)]),
     # k: int64 in [-3, 3), n: int32 in [-4, 4) (negative values count from the end),
     # j: int64 in [0, 4); eager's placement: adjacent index dims stay in place, index
     # dims separated by a slice or None put the broadcast dims in front
@@ -609,6 +621,43 @@ def test_views_write_static_shapes(tmp_path):
             assert (consts[node.input[1]] >= 0).all(), node
 
 
+def test_open_leading_keeps_a_leading_one_open(tmp_path):
+    """open_leading=True (the fused model's nodes): a view keeping a leading 1 copies it
+    from its input (0), the same model on the traced shapes, and one that steps a batch
+    stacked on that axis; by default the traced shape is written."""
+    fn = lambda x: {"flat": x.flatten(1), "view": x.view(1, 3, 2)}  # noqa: E731
+    x = torch.randn(1, 2, 3)
+    node = trace_node(tmp_path, fn, [x])
+    module = info(node).graph_module.module
+    targets = {}
+    for open_leading in (False, True):
+        model = onnx_writer.write_model("node", module, [x], ["in0"], ["flat", "view"],
+                                        DEFAULT_OPSET, open_leading=open_leading)
+        onnx.checker.check_model(model, full_check=True)
+        consts = {t.name: onnx.numpy_helper.to_array(t).tolist()
+                  for t in model.graph.initializer}
+        targets[open_leading] = sorted(consts[n.input[1]] for n in model.graph.node
+                                       if n.op_type == "Reshape")
+        batch = torch.randn(3, 2, 3)  # three rows stacked on the leading axis
+        feed = {"in0": batch[:1]}
+        got = run_model(model, feed)
+        for actual, expected in zip(got, fn(batch[:1]).values()):
+            assert torch.equal(torch.from_numpy(actual), expected)
+        if open_leading:  # the leading dimension made symbolic, as the batched model does
+            batched = onnx.ModelProto()
+            batched.CopyFrom(model)
+            del batched.graph.value_info[:]
+            for value in list(batched.graph.input) + list(batched.graph.output):
+                value.type.tensor_type.shape.dim[0].dim_param = "robots"
+            session = ort.InferenceSession(batched.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+            flat, view = session.run(["flat", "view"], {"in0": batch.numpy()})
+            assert torch.equal(torch.from_numpy(flat), batch.flatten(1))
+            assert torch.equal(torch.from_numpy(view), batch.view(3, 3, 2))
+    assert targets[False] == [[1, 3, 2], [1, 6]]
+    assert targets[True] == [[0, 3, 2], [0, 6]]
+
+
 #: Rules written as compositions (ONNX has no CumProd, CumMax, LogAddExp, ...).
 COMPOSED = {"logaddexp": ELEMENTWISE["logaddexp"], "diagonals": SHAPES["diagonals"],
             "getitem_mixed": SHAPES["getitem_mixed"], **CUMULATIVE}
@@ -622,6 +671,7 @@ def test_composed_rules_use_tensorrt_ops(tmp_path, case):
     gen = torch.Generator().manual_seed(0)
     model = write_node(trace_node(tmp_path, fn, [s.draw(gen) for s in specs]))
     assert outside(op_counts(model)) == {}
+
 
 # ---------------------------------------------------------------------------
 # casts, comparisons, where

@@ -169,8 +169,23 @@ def _aten(x):
     return torch.ops.aten.sum.dim_IntList(z, [1], True) + z
 
 
+class _ViewWrites(torch.nn.Module):
+    """In-place writes through views (aten.slice, aten.select) and a tensor built from
+    a Python list (aten::tensor) inside TorchScript."""
+
+    def forward(self, x):
+        y = x.clone()
+        y[:, 0:2].mul_(2.0)
+        y[0].add_(1.0)
+        return y + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+VIEW_WRITES = torch.jit.script(_ViewWrites())
+
+
 CASES = {
     "traced_module": lambda x: TRACED(x) + 1.0,
+    "scripted_view_writes": lambda x: VIEW_WRITES(x),
     "scripted_module": lambda x: SCRIPTED(x) * 2.0,
     "scripted_fn": lambda x: scripted_fn(x, 3),
     "traced_fn": lambda x: traced_fn(x),

@@ -30,8 +30,12 @@ def example_inputs(entry: Any) -> tuple[torch.Tensor, ...]:
                  for shape, dtype in zip(entry.input_shapes, entry.input_dtypes))
 
 
-def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
-    """One node as an ONNX model: (model, graph input per YAML input, graph outputs)."""
+def _node_onnx(name: str, entry: Any, opset: int, writer: bool = True,
+               written: list[str] | None = None) -> tuple[Any, list[str | None], list[str]]:
+    """One node as an ONNX model: (model, graph input per YAML input, graph outputs).
+
+    A jit or pt2 node goes to leapp's ONNX writer first unless ``writer`` is False
+    (its name is then appended to ``written``), else to torch's exporter."""
     import onnx
 
     from ..compiling.backends.onnx import default_opset
@@ -47,8 +51,6 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
         else:  # positional
             mapping = list(graph_inputs) + [None] * (len(entry.input_names) - len(graph_inputs))
         return model, mapping, [o.name for o in model.graph.output]
-    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
-    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     args = example_inputs(entry)
     program: Any = None
     if backend == "jit":
@@ -57,6 +59,13 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
         from ..bundle.pt2_reader import load_pt2
         program = load_pt2(entry.model_path)
         module = traced_pt2(program, args) if not has_control_flow(program) else None
+    result = _written(name, entry, module, args, opset) if writer else None
+    if result is not None:
+        if written is not None:
+            written.append(name)
+        return result
+    in_names = [f"leapp_in_{i}" for i in range(len(entry.input_names))]
+    out_names = [f"leapp_out_{i}" for i in range(len(entry.output_names))]
     if module is not None:
         try:
             model = _torchscript_onnx(module, args, in_names, out_names,
@@ -79,6 +88,37 @@ def _node_onnx(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None]
     mapping = [n if n in graph_inputs else None for n in in_names]
     outputs = [o.name for o in model.graph.output]
     return model, mapping, outputs
+
+
+def _written(name: str, entry: Any, module: Any, args: tuple[torch.Tensor, ...],
+             opset: int) -> tuple[Any, list[str | None], list[str]] | None:
+    """The node (its TorchScript module, None for a pt2 program with control flow)
+    written by leapp's ONNX writer, as _node_onnx returns it; None when the writer
+    does not write it, with the node and the reason logged (torch's exporter then
+    converts it)."""
+    from ..compiling.backends.onnx import (NotWritten, deduplicate_names, write_callable,
+                                           writer_enabled)
+
+    if not writer_enabled():
+        logger.info("Node %s (%s): converted to ONNX with torch's exporter (the ONNX writer "
+                    "is turned off)", quote(name), entry.backend)
+        return None
+    try:
+        if module is None:
+            raise NotWritten("its torch.export program holds control flow (torch.cond or a "
+                             "loop), which one trace would cut to one branch")
+        model = write_callable(name, module, args, list(entry.input_names),
+                               list(entry.output_names), opset)
+    except NotWritten as exc:
+        logger.warning("Node %s (%s): converted to ONNX with torch's exporter, not leapp's "
+                       "ONNX writer: %s", quote(name), entry.backend, exc)
+        return None
+    logger.info("Node %s (%s): written to ONNX by leapp's ONNX writer", quote(name),
+                entry.backend)
+    inputs = set(_graph_input_names(model))
+    names = deduplicate_names(name, list(entry.input_names), list(entry.output_names))[0]
+    return model, [n if n in inputs else None for n in names], \
+        [o.name for o in model.graph.output]
 
 
 def _torchscript_onnx(module: Any, args: tuple[torch.Tensor, ...], in_names: list[str],
@@ -130,10 +170,11 @@ def _to_opset(name: str, model: Any, opset: int) -> Any:
     raise AssertionError("unreachable")
 
 
-def _node_model(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None], list[str]]:
+def _node_model(name: str, entry: Any, opset: int, writer: bool = True,
+                written: list[str] | None = None) -> tuple[Any, list[str | None], list[str]]:
     """_node_onnx, its failures refused with the node's name and the fix."""
     try:
-        return _node_onnx(name, entry, opset)
+        return _node_onnx(name, entry, opset, writer, written)
     except FuseError:
         raise
     except Exception as exc:
@@ -144,8 +185,14 @@ def _node_model(name: str, entry: Any, opset: int) -> tuple[Any, list[str | None
               + (", or fuse to format='torchscript'." if entry.backend != "onnx" else "."))
 
 
-def build_onnx(the_plan: Plan, manager: Any) -> Any:
-    """The fused ``onnx.ModelProto`` for ``the_plan``."""
+def build_onnx(the_plan: Plan, manager: Any, writer: bool = True,
+               written: list[str] | None = None) -> Any:
+    """The fused ``onnx.ModelProto`` for ``the_plan``.
+
+    ``writer=False`` converts every jit and pt2 node with torch's exporters (the
+    batched model's second try: the writer's graphs hold the traced shapes, robot
+    dimension included); the nodes leapp's ONNX writer wrote are appended to
+    ``written``."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -166,7 +213,8 @@ def build_onnx(the_plan: Plan, manager: Any) -> Any:
     opsets: dict[str, int] = {"": opset}
     ir_version = 0
     produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
-    models = [_node_model(name, manager.nodes[name], opset) for name in the_plan.order]
+    models = [_node_model(name, manager.nodes[name], opset, writer, written)
+              for name in the_plan.order]
     # An exporter may write a newer opset than asked for (torch 2.7's dynamo
     # exporter writes 18 at the least): the fused model takes the newest one,
     # since converting up is what the ONNX version converter does reliably.

@@ -57,6 +57,10 @@ _DYNAMIC_NAMES = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked
                   "bincount"}
 
 
+class DataDependent(RuntimeError):
+    """A value read into Python inside a node traced privately (no guard is kept)."""
+
+
 def conversion_kind(func: Any) -> int | None:
     """The guard kind of func (OP_CONVERSION, OP_SIZE, OP_DYNAMIC), else None."""
     try:
@@ -167,6 +171,9 @@ def on_conversion(node: _core.Node, func: Any, receiver: Any, value: Any) -> Non
     if site is None:
         return
     node_info = info(node)
+    if node_info.private:  # a private trace keeps no guards: it refuses (leapp.tracing.node_trace)
+        raise DataDependent(f"a traced value is read into Python by {what} at {_where(site)} "
+                            "(control flow or a value that depends on the data)")
     first = node_info.reentry_of
     if first is None:
         _first_pass(node, node_info, site, what, func, receiver, value)

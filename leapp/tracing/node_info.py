@@ -39,6 +39,7 @@ class NodeInfo:
     late_states: set = field(default_factory=set)
     late_bound: tuple = ()
     awaiting: dict | None = None                        # a later pass's sample, until late updates
+    private: bool = False                               # traced outside the session (node_trace)
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""

@@ -38,6 +38,7 @@ _VIEW_NAMES = {
     "hsplit", "vsplit", "dsplit", "view_as_real", "view_as_complex", "alias", "adjoint",
     "atleast_1d", "atleast_2d", "atleast_3d", "type_as", "float", "double", "half", "int",
     "long", "bool", "type", "__get__", "align_as", "squeeze_copy",
+    "slice", "_reshape_alias", "_unsafe_view",  # the aten ops TorchScript graphs call
 }
 _INPLACE_DUNDERS = {
     "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
@@ -194,7 +195,7 @@ def _classify(func: Any) -> int:
         return OP_COPY
     if name == "to":
         return OP_TO
-    if name in _VIEW_NAMES:
+    if name in _VIEW_NAMES or _aten_name(func) in _VIEW_NAMES:  # aten.view.default: 'view'
         return OP_VIEW
     return OP_PLAIN
 

@@ -196,6 +196,9 @@ class _Interpreter:
         elif kind == "aten::append" and isinstance(ins[0], list):
             ins[0].append(ins[1])
             self.env[node.output()] = ins[0]
+        elif kind == "aten::tensor":  # from Python values: the op takes no Python list
+            self.env[node.output()] = torch.tensor(ins[0], dtype=ins[1], device=ins[2],
+                                                   requires_grad=bool(ins[3]))
         elif kind == "prim::If":
             blocks = list(node.blocks())
             chosen = blocks[0] if bool(ins[0]) else blocks[1]

@@ -153,6 +153,111 @@ def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: 
     return None, reason
 
 
+def writer_enabled() -> bool:
+    """Whether leapp's ONNX writer writes nodes (False: LEAPP_ONNX_WRITER=torch)."""
+    from .. import onnx_writer
+    return onnx_writer.enabled()
+
+
+class NotWritten(Exception):
+    """Why leapp's ONNX writer did not write a callable (write_callable)."""
+
+
+def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
+                   input_names: list[str], output_names: list[str], opset: int) -> Any:
+    """fn (a TorchScript module, say) as an ONNX model written by leapp's writer.
+
+    fn runs once on the example inputs in a private trace (leapp.tracing.node_trace:
+    no session state touched), and the node it records is written with the
+    writer, its inputs and outputs named as given (a name on both sides becomes
+    <name>_in / <name>_out, as for an exported node: deduplicate_names); a view
+    keeping a leading 1 copies it at run time (open_leading: the batched fused
+    model stacks robots on it).  Returns
+    the ModelProto; raises NotWritten naming why (the writer turned off, a
+    running session, a TorchScript construct the tracer cannot run, control
+    flow or a data-dependent value, a call without a rule)."""
+    from .. import onnx_writer
+    from ..._version import __version__
+    from ...tracing.node_trace import NotTraceable, trace_callable
+
+    if not onnx_writer.enabled():
+        raise NotWritten(f"{onnx_writer.ENV}=torch chooses torch's exporter")
+    inputs = [t.detach() for t in example_inputs]
+    try:
+        module = trace_callable(node, fn, inputs, input_names, output_names)
+    except NotTraceable as exc:
+        raise NotWritten(f"leapp's tracer cannot record it exactly: {exc}") from None
+    except Exception as exc:  # noqa: BLE001  a construct the tracer cannot run
+        raise NotWritten(f"leapp's tracer cannot run it: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:300]}") from None
+    written_in, written_out = deduplicate_names(node, list(input_names), list(output_names))
+    try:
+        model = onnx_writer.write_model(node, module, inputs, written_in, written_out, opset,
+                                        __version__, open_leading=True)
+    except onnx_writer.NoRule as exc:
+        raise NotWritten(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001  a writer bug must not cost the model
+        raise NotWritten(f"the ONNX writer failed: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:300]}") from None
+    problem = _differs_from(fn, model, inputs, written_in)
+    if problem is not None:
+        raise NotWritten(f"the written model differs from the callable: {problem}")
+    return model
+
+
+#: Fresh draws on which write_callable compares the written model with the callable.
+CALLABLE_CHECK_DRAWS = 2
+
+
+def _draw(example: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A random tensor like example: normal floats, small non-negative integers, bools."""
+    if example.dtype.is_floating_point:
+        return torch.randn(example.shape, generator=gen).to(example.dtype)
+    if example.dtype == torch.bool:
+        return torch.rand(example.shape, generator=gen) < 0.5
+    if not example.dtype.is_complex:
+        return torch.randint(0, 3, example.shape, generator=gen).to(example.dtype)
+    return example.clone()
+
+
+def _differs_from(fn: Any, model: Any, inputs: list[torch.Tensor],
+                  names: list[str]) -> str | None:
+    """How the model's outputs differ from fn's on fresh inputs (None: they agree).
+
+    Inputs are drawn at random (fixed seed); when fn itself refuses them (an index
+    out of range, say), the example inputs are compared instead."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    fed = {i.name for i in session.get_inputs()}
+    gen = torch.Generator().manual_seed(0)
+    draws = [[_draw(t, gen) for t in inputs] for _ in range(CALLABLE_CHECK_DRAWS)]
+    compared = 0
+    for draw in draws + [inputs]:
+        try:
+            with torch.no_grad():
+                result = fn(*[t.clone() for t in draw])
+        except Exception:  # noqa: BLE001  inputs the callable refuses: the next draw
+            continue
+        want = list(result) if isinstance(result, (tuple, list)) else \
+            list(result.values()) if isinstance(result, dict) else [result]
+        got = session.run(None, {n: t.numpy() for n, t in zip(names, draw) if n in fed})
+        for index, (expected, actual) in enumerate(zip(want, got)):
+            actual_t = torch.from_numpy(np.asarray(actual))
+            expected = expected.detach()
+            if actual_t.dtype != expected.dtype or actual_t.shape != expected.shape:
+                return (f"output {index} is {actual_t.dtype} {list(actual_t.shape)} where the "
+                        f"callable gives {expected.dtype} {list(expected.shape)}")
+            if not torch.allclose(actual_t.double(), expected.double(), rtol=1e-4, atol=1e-5,
+                                  equal_nan=True):
+                return f"output {index} differs by up to " \
+                       f"{float((actual_t.double() - expected.double()).abs().max()):.3g}"
+        compared += 1
+    return None if compared else "the callable raised on every input drawn"
+
+
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
                    input_names: list[str], output_names: list[str], opset: int,
                    params: dict, verbose: bool) -> Any:

@@ -68,10 +68,14 @@ def rule_key(node: fx.Node) -> str:
 class Emitter:
     """Collects ONNX nodes and initialisers with unique value names."""
 
-    def __init__(self, opset: int, reserved: set[str]) -> None:
+    def __init__(self, opset: int, reserved: set[str], open_leading: bool = False) -> None:
         import onnx.helper as helper
         self.helper = helper
         self.opset = opset
+        #: A Reshape keeping a leading dimension of 1 writes it as 0 (copied from its
+        #: input at run time): the same model for the traced shapes, and one that
+        #: steps a batch stacked on that axis (the batched fused model).
+        self.open_leading = open_leading
         self.nodes: list = []
         self.initializers: list = []
         self.used: set[str] = set(reserved)

@@ -38,7 +38,10 @@ def reshape(call: Call) -> str:
         raise call.refuse("a view as another dtype (a bit cast)")
     if tuple(call.out.shape) == x.shape:
         return call.e.op("Identity", [x.name])
-    return call.e.reshape(x.name, tuple(call.out.shape))
+    target = tuple(call.out.shape)
+    if call.e.open_leading and x.rank and target and x.shape[0] == 1 and target[0] == 1:
+        target = (0,) + target[1:]  # the leading 1 copied from the input (Emitter)
+    return call.e.reshape(x.name, target)
 
 
 @rule("expand", "expand_as", "broadcast_to", "expand_copy")
@@ -256,6 +259,27 @@ def narrow(call: Call) -> str:
         raise call.refuse("a tensor start")
     start = int(start) % x.shape[dim] if int(start) < 0 else int(start)
     return call.e.slice(x.name, [start], [start + length], [dim])
+
+
+@rule("slice")
+def slice_(call: Call) -> str:
+    """aten.slice(x, dim, start, end, step): x[..., start:end:step] along dim (what
+    TorchScript records for basic slicing)."""
+    x = call.args[0]
+    if not isinstance(x, Value) or x.rank == 0:
+        raise call.refuse("a non-tensor or 0-d input")
+    dim = norm_dim(int(call.arg(1, "dim", 0)), x.rank)
+    bounds = [call.arg(2, "start"), call.arg(3, "end"), call.arg(4, "step", 1)]
+    if any(isinstance(b, Value) for b in bounds):
+        raise call.refuse("a tensor bound")
+    start, end, step = (None if b is None else int(b) for b in bounds)
+    if step is None or step <= 0:
+        raise call.refuse(f"step {step}")
+    # Python's clamping of the bounds is eager's (an end past the size is the size)
+    kept = range(x.shape[dim])[slice(start, end, step)]
+    if len(kept) == x.shape[dim]:
+        return call.e.op("Identity", [x.name])
+    return call.e.slice(x.name, [kept.start], [kept.stop], [dim], [step])
 
 
 @rule("select")
@@ -612,6 +636,23 @@ def getitem(call: Call) -> str:
     x, key = call.args[0], call.args[1]
     if not isinstance(x, Value):
         raise call.refuse("indexing a non-tensor")
+    return _keyed(call, x, key, call.example_args[1])
+
+
+@rule("index")
+def index(call: Call) -> str:
+    """aten.index(x, [i0, None, i2, ...]) (TorchScript's advanced indexing): x[i0, :, i2]."""
+    x, indices = call.args[0], call.arg(1, "indices")
+    example = call.example_args[1] if len(call.example_args) > 1 else \
+        call.example_kwargs.get("indices")
+    if not isinstance(x, Value) or not isinstance(indices, (list, tuple)):
+        raise call.refuse("indexing a non-tensor or indices that are not a list")
+    return _keyed(call, x, tuple(slice(None) if i is None else i for i in indices),
+                  tuple(slice(None) if i is None else i for i in example))
+
+
+def _keyed(call: Call, x: Value, key: Any, example_key: Any) -> str:
+    """x[key]; example_key is the key with eager's tensors."""
     items = _expand_key(key, x.rank)
     if items is not None:
         before = len(call.e.nodes)
@@ -619,7 +660,6 @@ def getitem(call: Call) -> str:
         if name is not None:
             return name
         del call.e.nodes[before:]
-    example_key = call.example_args[1]
     if _traced_parts(key):  # tensor indices computed from the inputs, with other parts
         if items is None:
             raise call.refuse(f"a key of more parts than the {x.rank} dims of the tensor")
