@@ -5,6 +5,8 @@ under upstream leapp 0.7.2, compared.
                          [--upstream VENV_OR_PYTHON] [--ours PYTHON] [--save-cases DIR]
     python bench/fuzz.py --print s7_0014                  (one program's source)
     python bench/fuzz.py --rescan DIR --n N --seed S      (compare a --keep run again)
+    python bench/fuzz.py --writers [--n 300] [--seed 1]    (leapp's ONNX writer against
+                                                          torch's exporter, below)
     python bench/fuzz.py --worker PROGRAM_DIR OUT_DIR      (internal: one batch)
 
 Each program is a standalone Python script built from the public API only
@@ -40,6 +42,18 @@ matching ``KNOWN_DIFFERENCES`` (bugs being fixed: shrink the list as fixes
 land) or ``DEPARTURES`` (deliberate, see docs/compatibility.md) are
 reported as such.  Exit status 1 when an unexplained difference remains,
 2 when the run could not start.
+
+``--writers`` compares the two ONNX writers instead: both sides run this
+package, side "writer" with leapp's ONNX writer, side "torch" with
+LEAPP_ONNX_WRITER=torch (torch's exporter for every node).  Its programs
+("w<seed>_<index>") are the plain ones with every node's backend redrawn
+from ``WRITER_BACKENDS``.  Compared: outcome and error line, compile result,
+the YAML text (byte-identical but for digests) and initial values, each
+ONNX file's interface (opsets, input and output names, element types,
+shapes, metadata_props), who wrote each file, the writer's fallbacks to
+torch's exporter (each one a difference: the goal is none), and the replays
+(same keys, dtypes and shapes, values within ``WRITER_RTOL`` /
+``WRITER_ATOL``).  Explained differences: ``WRITER_DIFFERENCES``.
 """
 
 from __future__ import annotations
@@ -542,7 +556,8 @@ def generate(seed: int, index: int, writers: bool = False) -> dict:
         '"""leapp fuzz program %s (seed %d, index %d).' % (pid, seed, index),
         "",
         "Features: %s." % ", ".join(features),
-        "Run as-is under either leapp: python %s.py OUT_DIR" % pid,
+        ("Run as-is, with and without LEAPP_ONNX_WRITER=torch: python %s.py OUT_DIR"
+         if writers else "Run as-is under either leapp: python %s.py OUT_DIR") % pid,
         '"""',
         "import os",
         "import sys",
