@@ -234,20 +234,29 @@ def test_fixed_cases_match_upstream(tmp_path):
 # ---- writers mode: leapp's ONNX writer against torch's exporter ------------------
 # Both sides are this package (no upstream needed): the writer's side as it is, the
 # other with LEAPP_ONNX_WRITER=torch.  Programs drawn so that the run stays near a
-# minute on a loaded 2-core machine (torch's exporter pays its cold start once).
-WRITERS_SEED, WRITERS_N = 1, 3
+# minute on a loaded 2-core machine (torch's exporter pays its cold start once); the
+# short run adds these to the programs of WRITER_DIFFERENCES (dtype corners, recurrent
+# cells, quaternion maths, indexing).
+WRITERS_SEED = 1
+WRITERS_PROGRAMS = ["w1_0003", "w1_0007", "w1_0008"]
 
 
 def test_writers_programs_export_every_node_with_an_onnx_backend():
+    groups = set()
     for i in range(40):
         plain, onnx = fuzz.generate(WRITERS_SEED, i), fuzz.generate(WRITERS_SEED, i, writers=True)
         assert onnx["id"] == "w%d_%04d" % (WRITERS_SEED, i)
         assert fuzz.program_by_id(onnx["id"])["source"] == onnx["source"]
         backends = re.findall(r"export_with=('[\w-]+')", onnx["source"])
         assert backends and {b.strip("'") for b in backends} <= set(fuzz.WRITER_BACKENDS)
-        # the same program otherwise: only the backends (and the id) were redrawn
-        strip = lambda s: re.sub(r"export_with='[\w-]+'", "", s.split('"""', 2)[2])  # noqa: E731
-        assert strip(plain["source"]) == strip(onnx["source"])
+        # the same wiring, passes and annotations: only backends and op groups redrawn
+        redrawn = ("backend:", "group:", "extra_outputs")
+        assert ([f for f in plain["features"] if not f.startswith(redrawn)]
+                == [f for f in onnx["features"] if not f.startswith(redrawn)])
+        compile(onnx["source"], onnx["id"] + ".py", "exec")
+        groups |= {f for f in onnx["features"] if f.startswith("group:")}
+    # the writer's op groups beyond the catalogue are drawn too
+    assert {"group:" + g for g in fuzz.catalogue(writers=True)[1]} <= groups
 
 
 def _writer_side(tmp_path, side, replay, fallbacks=(), producer=None, yaml_text=None):
@@ -321,14 +330,37 @@ def test_every_writer_difference_is_explained_with_a_reason():
 
 def test_short_writers_run_shows_no_unexplained_difference(tmp_path):
     """A few programs, every node written by leapp's writer on one side and by torch's
-    exporter on the other: same outcome, YAML, interfaces and replayed outputs, and no
-    node fell back to torch's exporter on the writer's side."""
-    report = fuzz.run(WRITERS_N, WRITERS_SEED, OURS, None, str(tmp_path), batch=WRITERS_N,
-                      timeout=600, mode="writers")
+    exporter on the other: same outcome, YAML, interfaces and replayed outputs but for
+    the explained differences, each of which its own program still shows, and no node
+    fell back to torch's exporter on the writer's side."""
+    programs = [fuzz.case_program(e["id"]) for e in fuzz.WRITER_DIFFERENCES]
+    programs += [fuzz.program_by_id(pid) for pid in WRITERS_PROGRAMS]
+    report = fuzz.run_programs(programs, OURS, None, str(tmp_path), batch=len(programs),
+                               timeout=600, seed=WRITERS_SEED, mode="writers")
     summary = fuzz.summarise(report)
-    assert report["tried"] == WRITERS_N, summary
-    programs = report["programs"].values()
-    assert all(p["writer"] == "ok" and p["torch"] == "ok" for p in programs), summary
-    assert sum(p["onnx_files"] for p in programs) >= WRITERS_N, summary
-    assert [f for p in programs for f in p["fallbacks"]] == [], summary
+    assert report["tried"] == len(programs), summary
+    found = report["programs"].values()
+    assert all(p["writer"] == "ok" for p in found), summary
+    assert sum(p["onnx_files"] for p in found) >= len(programs), summary
+    assert [f for p in found for f in p["fallbacks"]] == [], summary
     assert fuzz.unexplained(report) == [], "\n" + summary
+    shown = {(d["program"], d["explained"]["id"]) for d in report["differences"]}
+    assert shown == {(e["program"], e["id"]) for e in fuzz.WRITER_DIFFERENCES}, summary
+
+
+def test_writer_explanations_are_narrow():
+    """The float16 entry explains a small replay difference of a program with a float16
+    chain, not a large one, nor one in a program without such a chain."""
+    half = fuzz.case_program("float16-rounding-kept")
+    diff = {"check": "replay", "class": "replay: output values differ",
+            "details": ["1|n2/x0 torch.float32: max abs diff 0.0023756"],
+            "sides": list(fuzz.SIDES["writers"]), "features": half["features"],
+            "source": half["source"]}
+    assert fuzz.explain(diff)["id"] == "float16-rounding-kept"
+    large = dict(diff, details=diff["details"] + ["2|n1/main torch.float32: max abs diff 0.5"])
+    assert fuzz.explain(large) is None
+    plain = fuzz.program_by_id(WRITERS_PROGRAMS[1])
+    assert "r['half_chain']" not in plain["source"] and "r['half_add']" not in plain["source"]
+    assert fuzz.explain(dict(diff, features=plain["features"], source=plain["source"])) is None
+    # an upstream-mode difference is never explained by a writer entry
+    assert fuzz.explain(dict(diff, sides=list(fuzz.SIDES["upstream"]))) is None
