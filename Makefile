@@ -51,8 +51,9 @@ test-device:
 # 1.26, and the pinned torch with NumPy 2 (.venv).  The side environments live in
 # .matrix/ and are made once; the first run downloads torch 2.7.1 (a CUDA build,
 # about 5 GB with its nvidia packages; it runs on the CPU).
+# MATRIX_ARGS=--side-only leaves out .venv (CI: `make test` has just run all of it there).
 test-matrix: build
-	$(PY) tests/matrix.py
+	$(PY) tests/matrix.py $(MATRIX_ARGS)
 
 # The debug core in place: -O0 -g3 and assert() of the invariants csrc/ states
 # (LEAPP_DEBUG_BUILD=1).  The stamp goes, so the next `make build` (or `make
@@ -103,12 +104,13 @@ LEAK_CHECKED_TESTS = tests/c tests/test_leaks.py tests/test_lsan.py
 # The sanitized run leaves out the files whose time goes to other processes or to
 # torch's exporters, not to the core: the side-by-side runs under upstream (compat,
 # upstream YAML / calls / parity, fuzz), the client libraries' exports, the
-# exporter catalogue, the device script's CPU half and the wheel build.  The core
-# paths they reach are the ones the rest of the suite drives under the sanitizers;
-# `make test` runs them all.
+# exporter catalogue, the device script's CPU half, the wheel build, the view in
+# Chromium and the Triton server.  The core paths they reach are the ones the rest
+# of the suite drives under the sanitizers; `make test` runs them all.
 SANITIZER_SKIPS = $(addprefix --ignore=tests/,test_compat.py test_upstream_yaml.py \
 	test_upstream_calls.py test_upstream_parity.py test_fuzz.py test_client_exports.py \
-	test_export_catalogue.py test_device_script.py test_wheel.py)
+	test_export_catalogue.py test_device_script.py test_wheel.py test_view.py \
+	test_triton.py)
 test-asan: setup
 	LEAPP_SANITIZE=1 $(PY) setup.py -q build_ext --inplace --force
 	$(LEAK_CHECKED_ENV) $(PY) -m pytest -q -p no:warnings $(LEAK_CHECKED_TESTS) \

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import ROOT  # noqa: E402
+from support import ROOT, writer_census  # noqa: E402
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -33,6 +33,31 @@ def pytest_sessionstart(session):
     if os.environ.get("LEAPP_EXPECT_ASSERTS") == "1" and not _core.ASSERTS:
         pytest.exit(f"LEAPP_EXPECT_ASSERTS=1 but {_core.__file__} was built without assert(): "
                     f"rebuild it with LEAPP_DEBUG_BUILD=1 or LEAPP_SANITIZE=1", returncode=1)
+
+
+# ---- the ONNX writer's census: how many onnx-dynamo nodes of the run fell back ------------
+
+_BASETEMP: list = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _basetemp(tmp_path_factory):
+    _BASETEMP.append(tmp_path_factory.getbasetemp())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The run's onnx-dynamo nodes (bundles under pytest's temporary directories): how many
+    leapp's ONNX writer wrote, and each one that fell back to torch's exporter."""
+    if not _BASETEMP or not os.path.isdir(_BASETEMP[0]):
+        return
+    written, fallbacks = writer_census(_BASETEMP[0])
+    if not written and not fallbacks:
+        return
+    terminalreporter.write_line(
+        f"ONNX writer: {written} onnx-dynamo node(s) written by leapp's writer, "
+        f"{len(fallbacks)} fell back to torch's exporter")
+    for bundle, line in fallbacks:
+        terminalreporter.write_line(f"  {bundle}: {line[:200]}")
 
 
 @pytest.fixture(autouse=True)

@@ -39,3 +39,19 @@ def wire(consumer, input_name, producer, output_name):
     for port in consumer.inputs:
         if port.name == input_name:
             port.src_node, port.src_port = producer, output_name
+
+
+def writer_census(root) -> tuple[int, list[tuple[str, str]]]:
+    """(nodes the writer wrote, [(bundle, fallback line)]) over the log.txt files under root."""
+    from leapp.compiling.backends.onnx import FELL_BACK, WRITTEN
+    written, fallbacks = 0, []
+    for folder, _, files in os.walk(root):
+        if "log.txt" not in files:
+            continue
+        with open(os.path.join(folder, "log.txt"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if WRITTEN in line:
+                    written += 1
+                elif FELL_BACK in line:
+                    fallbacks.append((os.path.relpath(folder, root), line.strip()))
+    return written, fallbacks

@@ -1,6 +1,14 @@
-"""`python -m leapp` verbs, their output and exit status (0 ok, 1 failed, 2 usage)."""
+"""`python -m leapp` verbs, their output and exit status (0 ok, 1 failed, 2 usage).
+
+Each verb's working path, the help and the missing verb run the real entry point as a
+process (`leapp_cli`); the refusals of broken bundles and arguments call the same
+`leapp.cli.main` in this process (`cli_main`: its streams and exit status captured), which
+spares a torch import per case.
+"""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -51,6 +59,19 @@ def leapp_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env=env, cwd=ROOT)
 
 
+def cli_main(*args: str) -> subprocess.CompletedProcess:
+    """leapp.cli.main(args) in this process: its exit status and what it printed."""
+    from leapp import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(list(args))
+        except SystemExit as exc:  # argparse's usage errors and --help
+            status = exc.code
+    return subprocess.CompletedProcess(["leapp", *args], status, out.getvalue(), err.getvalue())
+
+
 def _no_traceback(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr
 
@@ -76,7 +97,7 @@ def test_inspect(bundle):
 def test_inspect_reports_a_checksum_mismatch(bundle):
     with open(os.path.join(os.path.dirname(bundle), "act.pt"), "ab") as handle:
         handle.write(b"tampered")
-    proc = leapp_cli("inspect", bundle)
+    proc = cli_main("inspect", bundle)
     assert proc.returncode == 1
     assert "act.pt: sha256 MISMATCH" in proc.stdout
     assert "leapp inspect: FAILED: checksums failed: act: act.pt: sha256 MISMATCH" in proc.stderr
@@ -85,7 +106,7 @@ def test_inspect_reports_a_checksum_mismatch(bundle):
 
 def test_inspect_reports_a_missing_model(bundle):
     os.remove(os.path.join(os.path.dirname(bundle), "enc.pt"))
-    proc = leapp_cli("inspect", bundle)
+    proc = cli_main("inspect", bundle)
     assert proc.returncode == 1 and "enc.pt: MISSING" in proc.stdout
     _no_traceback(proc)
 
@@ -102,14 +123,14 @@ def test_run(bundle):
 
 
 def test_run_default_is_one_step(bundle):
-    proc = leapp_cli("run", bundle)
+    proc = cli_main("run", bundle)
     assert proc.returncode == 0, proc.stderr
     assert "step 1:" in proc.stdout and "step 2:" not in proc.stdout
 
 
 @pytest.mark.parametrize("steps", ["0", "-2", "many"])
 def test_run_rejects_bad_steps(bundle, steps):
-    proc = leapp_cli("run", bundle, "--steps", steps)
+    proc = cli_main("run", bundle, "--steps", steps)
     assert proc.returncode == 2
     assert "expected a positive integer" in proc.stderr
     _no_traceback(proc)
@@ -135,7 +156,7 @@ def test_draw_default_and_output(bundle, tmp_path):
     (os.path.join("no", "such", "dir", "p.png"), "does not exist"),
 ])
 def test_draw_errors(bundle, target, message):
-    proc = leapp_cli("draw", bundle, "-o", target)
+    proc = cli_main("draw", bundle, "-o", target)
     assert proc.returncode == 2 and message in proc.stderr
     _no_traceback(proc)
 
@@ -161,7 +182,7 @@ def test_check_fails_on_a_tampered_model(bundle):
 
 def test_check_fails_on_a_missing_model(bundle):
     os.remove(os.path.join(os.path.dirname(bundle), "act.pt"))
-    proc = leapp_cli("check", bundle)
+    proc = cli_main("check", bundle)
     assert proc.returncode == 1 and "not found" in proc.stderr
     _no_traceback(proc)
 
@@ -187,7 +208,7 @@ def test_a_bundle_directory_stands_for_its_yaml(bundle):
 
 @pytest.mark.parametrize("verb", ["inspect", "run", "draw", "check"])
 def test_help(verb):
-    proc = leapp_cli(verb, "--help")
+    proc = cli_main(verb, "--help")
     assert proc.returncode == 0
     assert proc.stdout.startswith(f"usage: leapp {verb}") and "BUNDLE.yaml" in proc.stdout
 
@@ -204,23 +225,23 @@ def test_top_level_help_and_missing_verb():
 @pytest.mark.parametrize("verb", ["inspect", "run", "draw", "check"])
 def test_unreadable_bundles(verb, tmp_path):
     missing = os.path.join(tmp_path, "missing.yaml")
-    proc = leapp_cli(verb, missing)
+    proc = cli_main(verb, missing)
     assert proc.returncode == 2 and f"leapp {verb}: error: no such file" in proc.stderr
     _no_traceback(proc)
     text = os.path.join(tmp_path, "notes.txt")
     open(text, "w").write("hello")
-    proc = leapp_cli(verb, text)
+    proc = cli_main(verb, text)
     assert proc.returncode == 2 and "is not a .yaml file" in proc.stderr
     broken = os.path.join(tmp_path, "broken.yaml")
     open(broken, "w").write("models: [unclosed\n")
-    proc = leapp_cli(verb, broken)
+    proc = cli_main(verb, broken)
     assert proc.returncode == 2 and f"cannot read {broken}" in proc.stderr
     _no_traceback(proc)
     other = os.path.join(tmp_path, "other.yaml")
     open(other, "w").write("name: something else\n")
-    proc = leapp_cli(verb, other)
+    proc = cli_main(verb, other)
     assert proc.returncode == 2 and "is not a leapp bundle" in proc.stderr
-    proc = leapp_cli(verb, str(tmp_path))
+    proc = cli_main(verb, str(tmp_path))
     assert proc.returncode == 2 and "is a directory" in proc.stderr
 
 
@@ -234,7 +255,7 @@ def test_console_script_is_declared():
 def test_a_malformed_model_entry_is_one_line(tmp_path):
     odd = os.path.join(tmp_path, "odd.yaml")
     open(odd, "w").write("models:\n  a: [1, 2]\npipeline: {}\nsystem information: {}\n")
-    proc = leapp_cli("inspect", odd)
+    proc = cli_main("inspect", odd)
     assert proc.returncode == 2 and proc.stderr.startswith("leapp inspect: error:")
     _no_traceback(proc)
 
@@ -244,9 +265,9 @@ def test_a_model_outside_the_bundle_is_refused(bundle, tmp_path):
     shutil.copy(os.path.join(os.path.dirname(bundle), "enc.pt"), outside)
     text = open(bundle).read().replace("model_path: enc.pt", "model_path: ../elsewhere.pt")
     open(bundle, "w").write(text)
-    proc = leapp_cli("inspect", bundle)
+    proc = cli_main("inspect", bundle)
     assert proc.returncode == 1 and "../elsewhere.pt: REFUSED" in proc.stdout
-    proc = leapp_cli("check", bundle)
+    proc = cli_main("check", bundle)
     assert proc.returncode == 1 and "outside the bundle" in proc.stderr
     _no_traceback(proc)
 
@@ -254,6 +275,6 @@ def test_a_model_outside_the_bundle_is_refused(bundle, tmp_path):
 def test_yaml_aliases_are_refused(tmp_path):
     path = os.path.join(tmp_path, "bomb.yaml")
     open(path, "w").write("a: &x [1, 2]\nmodels: *x\npipeline: {}\nsystem information: {}\n")
-    proc = leapp_cli("inspect", path)
+    proc = cli_main("inspect", path)
     assert proc.returncode == 2 and "anchor or alias" in proc.stderr
     _no_traceback(proc)

@@ -37,6 +37,7 @@ import leapp
 from leapp import annotate
 
 import client_exports as ce
+from support import writer_census
 
 
 def _needs(*modules: str) -> pytest.MarkDecorator:
@@ -49,6 +50,19 @@ def _needs(*modules: str) -> pytest.MarkDecorator:
 TRACE_STEPS = 3
 REPLAY_STEPS = 10
 BACKENDS = ["jit", "onnx-dynamo"]
+
+
+@pytest.fixture(autouse=True)
+def _written_by_the_writer(request, tmp_path):
+    """Every onnx-dynamo node of these clients' bundles is written by leapp's ONNX writer
+    (unless LEAPP_ONNX_WRITER=torch chose torch's exporter): no fallback."""
+    from leapp.compiling import onnx_writer
+    yield
+    written, fallbacks = writer_census(str(tmp_path))
+    assert fallbacks == []
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("backend") == "onnx-dynamo":
+        assert written >= 1 if onnx_writer.enabled() else written == 0
 
 
 def _traced_loop(save_path: str, graph: str, step_fn: Any, env: ce.ExportEnv,

@@ -35,7 +35,7 @@ from leapp.compiling import onnx_writer
 from leapp.compiling.backends.onnx import deduplicate_names
 from leapp.tracing.annotations import info
 
-from support import ROOT
+from support import ROOT, writer_census
 
 FALLBACK = "torch's ONNX exporter"
 DEFAULT_OPSET = 20
@@ -169,6 +169,14 @@ def check_case(tmp_path: Any, fn: Callable, specs: list[Spec], exact: bool = Fal
 # ---------------------------------------------------------------------------
 # elementwise maths
 
+def _specials(x):
+    """x with NaN at -1.5, -inf below -1.7 and +inf above 1.7 (x from grid: steps of 0.5
+    in [-2, 2])."""
+    inf = float("inf")
+    return torch.where(x == -1.5, float("nan"), torch.where(x < -1.7, -inf,
+                                                             torch.where(x > 1.7, inf, x)))
+
+
 ELEMENTWISE = {
     "add_sub_mul_div": (lambda x, y: {"a": x + y, "s": x - y, "m": x * y, "d": x / y,
                                       "alpha": torch.add(x, y, alpha=2),
@@ -211,6 +219,9 @@ ELEMENTWISE = {
         "atanh": torch.atanh(torch.tanh(x) * 0.9), "erf": torch.erf(x),
         "reciprocal": (x.abs() + 1).reciprocal(), "log2": torch.log2(x.abs() + 1),
         "log10": torch.log10(x.abs() + 1), "log1p": torch.log1p(x.abs()),
+        "log1p_tiny": torch.log1p(x * 1e-9) * 1e9,
+        # +inf, -1 and below: inf, -inf, NaN as eager (the accurate form's inf / inf)
+        "log1p_edges": torch.log1p(torch.where(x > 0.5, float("inf"), x * 3 - 1)),
         "expm1": torch.expm1(x), "exp2": torch.exp2(x), "abs": abs(x), "sign": x.sign(),
         "sigmoid": torch.sigmoid(x), "tanh": x.tanh()}, [f(4, 5)]),
     "rounding": (lambda x: {"floor": x.floor(), "ceil": torch.ceil(x), "round": x.round(),
@@ -240,6 +251,26 @@ ELEMENTWISE = {
                            [f(3, 4), f(3, 4)]),
     "float64": (lambda x, y: {"m": x * y + 1.5, "e": torch.exp(x) / (y.abs() + 1)},
                 [f(3, dtype=torch.float64), f(3, dtype=torch.float64)]),
+    "logaddexp": (lambda x, y, z: {"lae": torch.logaddexp(x, y), "lae2": torch.logaddexp2(x, y),
+                                   "broadcast": torch.logaddexp(x, z), "method": y.logaddexp(z),
+                                   "large": torch.logaddexp(x * 1e30, y * 1e30),
+                                   "huge": torch.logaddexp2(x * 1e37, y * -1e37),
+                                   "far": torch.logaddexp(x, y - 40),
+                                   "far2": torch.logaddexp2(x, y - 60),
+                                   # log1p of a tiny exp, scaled up: log(1 + tiny) would be 0
+                                   "tiny": torch.logaddexp(x * 0, -30 - y.abs()) * 1e13,
+                                   "tiny2": torch.logaddexp2(x * 0, -40 - y.abs()) * 1e12,
+                                   "ties": torch.logaddexp(x, x),
+                                   "int_float": torch.logaddexp(x, z.long()),
+                                   "f64": torch.logaddexp(x.double() * 1e300, y.double() * 1e300)},
+                  [f(3, 4), f(3, 4), f(4)]),
+    # NaN at -1.5, -inf below -1.7, +inf above 1.7 (grid: steps of 0.5 in [-2, 2])
+    "logaddexp_infinities": (lambda x, y: {"lae": torch.logaddexp(_specials(x), _specials(y)),
+                                           "lae2": torch.logaddexp2(_specials(x), _specials(y)),
+                                           "self": torch.logaddexp(_specials(x), _specials(x)),
+                                           "half": torch.logaddexp(_specials(x).half(),
+                                                                   _specials(y).half())},
+                             [grid(6, 6), grid(6, 6)]),
 }
 
 
@@ -364,6 +395,71 @@ def test_reductions(tmp_path, case):
     check_case(tmp_path, fn, specs)
 
 
+def _nan_inf(x):
+    """x with NaN below -1.2 and -inf above 1.7 (x from grid: steps of 0.5 in [-2, 2])."""
+    return torch.where(x < -1.2, float("nan"), torch.where(x > 1.7, float("-inf"), x))
+
+
+CUMULATIVE = {
+    "cumprod_float": (lambda x: {"dim1": torch.cumprod(x, 1), "neg": x.cumprod(-1),
+                                 "first": torch.cumprod(x, dim=0),
+                                 "f64": torch.cumprod(x, 2, dtype=torch.float64),
+                                 "half": x.half().cumprod(1),
+                                 "to_half": x.cumprod(1, dtype=torch.float16),
+                                 "to_int": torch.cumprod(x * 3, -1, dtype=torch.int32),
+                                 "scalar": x[0, 0, 0].cumprod(0)}, [f(2, 5, 4)]),
+    # long sums: eager's CPU kernel adds float32 in float64 and rounds each prefix once
+    "cumsum_float": (lambda x: {"s": x.cumsum(1), "s0": torch.cumsum(x, 0),
+                                "half": x.half().cumsum(-1), "to_half": x.cumsum(1, dtype=torch.float16),
+                                "f64": x.double().cumsum(1)}, [f(3, 1000)]),
+    "cumprod_float64": (lambda x: {"p": x.cumprod(0), "p1": torch.cumprod(x, -1)},
+                        [f(6, 3, dtype=torch.float64)]),
+    # 24 factors below 100: the int64 product wraps around, as eager's
+    "cumprod_integers": (lambda a, c, m: {"long": a.cumprod(1), "int32": torch.cumprod(c, -1),
+                                          "int8": c.to(torch.int8).cumprod(0),
+                                          "keep32": c.cumprod(1, dtype=torch.int32),
+                                          "uint8": c.abs().to(torch.uint8).cumprod(1),
+                                          "bool": m.cumprod(1),
+                                          "to_float": a.cumprod(0, dtype=torch.float32)},
+                         [i(3, 24, high=100), i(2, 24, dtype=torch.int32, high=100), b(3, 5)]),
+    # zeros, ties, exact halves; NaN and -inf put in by where
+    "cummax_cummin": (lambda x: {"max_v": torch.cummax(x, 1).values,
+                                 "max_i": torch.cummax(x, 1).indices,
+                                 "min_v": x.cummin(-1)[0], "min_i": x.cummin(-1)[1],
+                                 "first_v": torch.cummax(x, dim=0)[0],
+                                 "first_i": torch.cummin(x, 0)[1],
+                                 "nan_v": torch.cummax(_nan_inf(x), 1)[0],
+                                 "nan_i": torch.cummax(_nan_inf(x), 1)[1],
+                                 "nan_min_v": torch.cummin(_nan_inf(x), -1)[0],
+                                 "nan_min_i": torch.cummin(_nan_inf(x), -1)[1],
+                                 "neg_zero": torch.cummin(-x, 2)[0], "half": x.half().cummax(2)[0],
+                                 "half_i": x.half().cummin(1)[1]}, [grid(3, 6, 5)]),
+    "cummax_integers": (lambda a, m: {"v": a.cummax(1)[0], "i": a.cummax(1)[1],
+                                      "i32": a.int().cummin(0)[1],
+                                      "i8": a.to(torch.int8).cummax(-1)[0],
+                                      "bool_v": m.cummax(1)[0], "bool_i": m.cummax(1)[1],
+                                      "bool_min": m.cummin(0)[1], "scalar": a[0, 0].cummax(0)[1],
+                                      "f64": (a * 0.5).double().cummin(1)[0]},
+                        [i(4, 7, high=3), b(4, 7)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CUMULATIVE))
+def test_cumulative_products_maxima_minima(tmp_path, case):
+    """Bit-equal to eager: the product in eager's order and accumulator type (float32
+    in float64), the indices of cummax / cummin the last position of the running
+    extreme (ties), NaN sticking as eager's."""
+    fn, specs = CUMULATIVE[case]
+    check_case(tmp_path, fn, specs, exact=True)
+
+
+def test_cummax_at_opset_14(tmp_path):
+    """Below opset 18 ReduceMax / ReduceMin take their axes as attributes."""
+    fn, specs = CUMULATIVE["cummax_cummin"]
+    model = check_case(tmp_path, fn, specs, exact=True, opset=14)
+    assert model.opset_import[0].version == 14
+
+
 def test_reductions_at_opset_17(tmp_path):
     """Below opset 18 the Reduce* axes are attributes (ReduceSum's an input since 13)."""
     model = check_case(tmp_path, REDUCTIONS["sum_mean"][0], [f(2, 3, 4)], opset=17)
@@ -441,11 +537,40 @@ SHAPES = {
                                      "take": torch.take_along_dim(x, k.view(1, 3, 1).expand(2, 3, 1),
                                                                   dim=2)},
                        [f(2, 3, 4), idx(3, 3)]),
+    # k: int64 in [-3, 3), n: int32 in [-4, 4) (negative values count from the end),
+    # j: int64 in [0, 4); eager's placement: adjacent index dims stay in place, index
+    # dims separated by a slice or None put the broadcast dims in front
+    "getitem_mixed": (lambda x, k, n, j: {
+        "tensor_int": x[k, 2], "int_tensor": x[2, :, n], "tensor_slice": x[k, :, 1:3],
+        "ellipsis": x[..., n], "neg_int": x[-1, k], "neg_ints": x[k, -2, -1],
+        "two": x[k, n], "separated": x[k, :, j], "none_between": x[k, None, j],
+        "none_first": x[None, k, :, j], "broadcast": x[k.view(3, 1), j], "adjacent": x[:, n, j],
+        "slices_around": x[1:, n, ::2], "list": x[:, [0, 2, 1], k],
+        "zero_dim": x[:, k[0]], "zero_dim_first": x[k[1], :, n],
+        "const_mask": x[torch.tensor([True, False, True]), :, k[:2]],
+        "three": x[k, j, n.view(3, 1)], "int32_alone": x.transpose(0, 1)[n],
+        "half": x.half()[k, :, j]},
+        [f(3, 4, 5), i(3, high=3), i(3, dtype=torch.int32, high=4), idx(4, 3)]),
     "setitem": (_setitems, [f(2, 3, 4), f(2, 3, 4)]),
     "masked": (lambda x, m: {"fill": x.masked_fill(x < 0, -1.0), "fill_m": x.masked_fill(m, 2.0),
+                             "bool": (x > 0).masked_fill(m, True),
+                             "int16": (x * 4).to(torch.int16).masked_fill(m, -3),
                              "where": torch.where(m, x, torch.zeros_like(x))},
                [f(3, 4), b(3, 4)]),
     "history": (_history, [f(2, 5, 3), f(2, 3)]),
+    "diagonals": (lambda x, v, m: {
+        "vec": torch.diag(v), "vec_up": torch.diag(v, 2), "vec_down": v.diag(-1),
+        "mat": torch.diag(m), "mat_up": torch.diag(m, 1), "mat_down": m.diag(-2),
+        "mat_outside": torch.diag(m, 6), "diagonal": torch.diagonal(x),
+        "diagonal_off": torch.diagonal(x, 1, 0, 2), "diagonal_neg": x.diagonal(-1, -1, 0),
+        "diagonal_swapped": torch.diagonal(x, offset=2, dim1=2, dim2=1),
+        "embed": torch.diag_embed(m), "embed_off": torch.diag_embed(x, 1, 0, 2),
+        "embed_neg": torch.diag_embed(m, -2, dim1=2, dim2=0), "flat": torch.diagflat(m),
+        "flat_off": torch.diagflat(v, -1), "int": torch.diag(v.long() * 3),
+        "bool": torch.diag(v > 0),
+        "int16": torch.diag_embed(m.to(torch.int16)), "half": torch.diag(v.half(), 1),
+        # infinities on the diagonal, zeros (not NaN) off it
+        "inf": torch.diag(v / (v * 0))}, [f(2, 3, 4), f(4), f(3, 5)]),
     "likes": (lambda x: {"zeros": torch.zeros_like(x), "ones": torch.ones_like(x) * x,
                          "full": torch.full_like(x, 3.0), "new": x.new_zeros(2, 2),
                          "arange": x + torch.arange(4)}, [f(3, 4)]),
@@ -476,6 +601,20 @@ def test_views_write_static_shapes(tmp_path):
         if node.op_type in ("Reshape", "Expand"):
             assert (consts[node.input[1]] >= 0).all(), node
 
+
+#: Rules written as compositions (ONNX has no CumProd, CumMax, LogAddExp, ...).
+COMPOSED = {"logaddexp": ELEMENTWISE["logaddexp"], "diagonals": SHAPES["diagonals"],
+            "getitem_mixed": SHAPES["getitem_mixed"], **CUMULATIVE}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSED))
+def test_composed_rules_use_tensorrt_ops(tmp_path, case):
+    """Their ops are all in TensorRT's documented set (what `leapp check --deploy` lists)."""
+    from leapp.compiling.tensorrt_ops import op_counts, outside
+    fn, specs = COMPOSED[case]
+    gen = torch.Generator().manual_seed(0)
+    model = write_node(trace_node(tmp_path, fn, [s.draw(gen) for s in specs]))
+    assert outside(op_counts(model)) == {}
 
 # ---------------------------------------------------------------------------
 # casts, comparisons, where
@@ -729,8 +868,8 @@ def test_backend_catalogue_through_the_writer(tmp_path, group):
 
 
 def test_a_call_without_a_rule_is_named(tmp_path):
-    node = trace_node(tmp_path, lambda x: {"y": torch.cumprod(x, dim=0) + 1}, [torch.randn(3)])
-    with pytest.raises(onnx_writer.NoRule, match=r"torch\.cumprod"):
+    node = trace_node(tmp_path, lambda x: {"y": torch.sinc(x) + 1}, [torch.randn(3)])
+    with pytest.raises(onnx_writer.NoRule, match=r"torch\.sinc"):
         write_node(node)
 
 
@@ -741,9 +880,11 @@ def test_float64_without_an_onnxruntime_kernel_is_refused(tmp_path):
         write_node(node)
 
 
-def test_a_traced_boolean_mask_is_refused(tmp_path):
-    node = trace_node(tmp_path, lambda x, k: {"y": x[:, k > 0]},
-                      [torch.randn(2, 3), torch.tensor([1, -1, 1])])
+@pytest.mark.parametrize("key", ["mask", "mask_and_index"])
+def test_a_traced_boolean_mask_is_refused(tmp_path, key):
+    fn = {"mask": lambda x, k: {"y": x[:, k > 0]},
+          "mask_and_index": lambda x, k: {"y": x[k[:1], k > 0]}}[key]
+    node = trace_node(tmp_path, fn, [torch.randn(3, 3), torch.tensor([1, -1, 1])])
     with pytest.raises(onnx_writer.NoRule, match="data-dependent"):
         write_node(node)
 
@@ -819,12 +960,23 @@ def test_a_written_node_imports_no_torch_exporter(tmp_path):
 
 
 def test_fallback_is_named_in_log_and_summary(tmp_path, caplog):
-    bundle, log = _compile(tmp_path, lambda x, y: {"y": torch.logaddexp(x, y) * 2},
+    bundle, log = _compile(tmp_path, lambda x, y: {"y": torch.sinc(x) * y},
                            [torch.randn(2, 3), torch.randn(2, 3)], "onnx-dynamo")
-    assert FALLBACK in log and "torch.logaddexp" in log
+    assert FALLBACK in log and "torch.sinc" in log
     progress = [line for line in log.splitlines() if "1/1 node" in line]
-    assert progress and "torch's exporter: no ONNX rule for torch.logaddexp" in progress[0]
+    assert progress and "torch's exporter: no ONNX rule for torch.sinc" in progress[0]
     assert onnx.load(os.path.join(bundle, "node.onnx")).producer_name == "pytorch"
+
+
+def test_the_suites_writer_census_counts_written_and_fallback_nodes(tmp_path):
+    """The count the test run's summary prints: one node written, one sent to torch."""
+    _compile(tmp_path / "a", lambda x: {"y": torch.tanh(x)}, [torch.randn(2, 3)], "onnx")
+    _compile(tmp_path / "b", lambda x: {"y": torch.logit(x) * 2},  # no rule: torch's
+             [torch.rand(2, 3) * 0.8 + 0.1], "onnx-dynamo")
+    written, fallbacks = writer_census(str(tmp_path))
+    assert written == 1
+    assert [bundle for bundle, _ in fallbacks] == [os.path.join("b", "g")]
+    assert "torch.logit" in fallbacks[0][1]
 
 
 def _yaml_without_digests(bundle: str) -> str:

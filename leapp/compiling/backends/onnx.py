@@ -55,6 +55,12 @@ def default_opset() -> int:
     return int(_constants.ONNX_DEFAULT_OPSET)
 
 
+# What log.txt says of an onnx-dynamo node: written by the writer, or sent to torch's
+# exporter (the test suite's summary counts both).
+WRITTEN = "written by leapp's ONNX writer"
+FELL_BACK = "exported with torch's ONNX exporter"
+
+
 def deduplicate_names(node: str, input_names: list[str],
                       output_names: list[str]) -> tuple[list[str], list[str]]:
     """Rename names used on both sides to <name>_in / <name>_out."""
@@ -134,14 +140,16 @@ def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: 
         reason = f"backend_params {torch_only} ask for torch's exporter"
     else:
         try:
-            return onnx_writer.write_model(node, module, list(inputs), input_names,
-                                           output_names, opset, __version__), None
+            model = onnx_writer.write_model(node, module, list(inputs), input_names,
+                                            output_names, opset, __version__)
+            logger.debug("[%s] %s", node, WRITTEN)
+            return model, None
         except onnx_writer.NoRule as exc:
             reason = str(exc)
         except Exception as exc:  # a writer bug must not cost the user the export
             reason = f"the ONNX writer failed: {type(exc).__name__}: {exc}"
-    logger.warning("[%s] exported with torch's ONNX exporter: %s (set %s=torch to use it for "
-                   "every node)", node, reason, onnx_writer.ENV)
+    logger.warning("[%s] %s: %s (set %s=torch to use it for every node)", node, FELL_BACK,
+                   reason, onnx_writer.ENV)
     return None, reason
 
 

@@ -246,8 +246,7 @@ rule("log10")(_log_base(10.0))
 @rule("log1p")
 def log1p(call: Call) -> str:
     work = opmath(call.out.dtype)
-    x = operand(call, call.args[0], work)
-    return finish(call, call.e.op("Log", [call.e.op("Add", [x, call.e.const(1, work)])]), work)
+    return finish(call, _log1p(call, operand(call, call.args[0], work), work), work)
 
 
 @rule("expm1")
@@ -441,5 +440,43 @@ def nan_to_num(call: Call) -> object:
                        e.const(info.min if neginf is None else neginf, work), v])
     return finish(call, v, work)
 
+
+
+def _log1p(call: Call, y: str, work: torch.dtype) -> str:
+    """log(1 + y) accurate for small y (ONNX has no Log1p): with u = 1 + y rounded,
+    log(u) * y / (u - 1), and y itself where u rounds to 1 (and keeps y's sign of zero)
+    or is +inf (where the ratio is inf / inf)."""
+    e = call.e
+    one = e.const(1, work)
+    u = e.op("Add", [y, one])
+    ratio = e.op("Div", [e.op("Mul", [e.op("Log", [u]), y]), e.op("Sub", [u, one])])
+    keep = e.op("Or", [e.op("Equal", [u, one]), e.op("Equal", [u, e.const(math.inf, work)])])
+    return e.op("Where", [keep, y, ratio])
+
+
+def _log_add_exp(base2: bool):  # noqa: ANN202
+    def apply(call: Call) -> str:
+        """Eager's stable form: max(a, b) + log1p(exp(-|a - b|)) (exp2 and a factor
+        1 / ln 2 for base 2); two equal infinities give themselves (inf - inf is NaN)."""
+        e = call.e
+        work = opmath(call.out.dtype)
+        if not work.is_floating_point:
+            raise call.refuse(f"a {call.out.dtype} result")
+        a = operand(call, call.args[0], work)
+        b = operand(call, call.arg(1, "other"), work)
+        gap = e.op("Neg", [e.op("Abs", [e.op("Sub", [a, b])])])
+        if base2:
+            small = e.op("Pow", [e.const(2, work), gap])
+            tail = e.op("Mul", [_log1p(call, small, work), e.const(1.0 / math.log(2.0), work)])
+        else:
+            tail = _log1p(call, e.op("Exp", [gap]), work)
+        total = e.op("Add", [e.op("Max", [a, b]), tail])
+        same_infinity = e.op("And", [e.op("IsInf", [a]), e.op("Equal", [a, b])])
+        return finish(call, e.op("Where", [same_infinity, a, total]), work)
+    return apply
+
+
+rule("logaddexp")(_log_add_exp(False))
+rule("logaddexp2")(_log_add_exp(True))
 
 _ = (dtype_of, is_value)

@@ -1,5 +1,6 @@
 """Reductions (with keepdim, negative dims, dtype, reductions with indices),
-cumulative sums, sort and topk, argmax/argmin (first index on ties, as eager)."""
+cumulative sums, products, maxima and minima, sort and topk, argmax/argmin (first
+index on ties, as eager)."""
 from __future__ import annotations
 
 import torch
@@ -196,15 +197,126 @@ def linalg_vector_norm(call: Call) -> str:
     return finish(call, vector_norm(call, x, order, axes, keep, work), work)
 
 
+#: The type eager's CPU kernels accumulate a cumulative sum or product in
+#: (at::acc_type): float32 in float64, reduced floats in float32, integers in int64.
+_CUM_ACC = {torch.float32: torch.float64, torch.float64: torch.float64,
+            torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
 @rule("cumsum")
 def cumsum(call: Call) -> str:
+    """CumSum in eager's accumulator type (a float32 sum in float64, as the CPU kernel),
+    rounded once at the end: the same sums as eager."""
     x = call.args[0]
     dim = norm_dim(int(call.arg(1, "dim")), x.rank)
-    work = opmath(call.out.dtype)
+    out = call.out.dtype
+    work = _CUM_ACC.get(out, opmath(out))
     if work == torch.bool:
         work = torch.int64
-    v = operand(call, x, work)
+    # dtype= converts the input first (float32 to float16 rounds), then accumulates
+    if out in _CUM_ACC:
+        v = call.e.cast(operand(call, x, out), out, work)
+    else:
+        v = operand(call, x, work)
     return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
+#: Longest dim a cumulative product / max / min is written for (the product is unrolled,
+#: the max and min compare every pair of positions); longer ones go to torch's exporter.
+CUM_MAX_LENGTH = 1024
+
+
+@rule("cumprod")
+def cumprod(call: Call) -> str:
+    """Eager's sequential product, unrolled along the (static) dim: Split, one Mul per
+    position, Concat, in eager's accumulator type (float32 in float64, as the CPU
+    kernel).  Exact: the same multiplications in the same order and precision.  ONNX
+    has no CumProd, and exp(cumsum(log|x|)) is not exact; a Loop / Scan is avoided for
+    TensorRT."""
+    e = call.e
+    x = call.args[0]
+    dim = call.arg(1, "dim")
+    if not isinstance(x, Value) or dim is None:
+        raise call.refuse("cumprod without a tensor and a dim")
+    out = call.out.dtype
+    if out == torch.bool:
+        raise call.refuse("a boolean result")
+    acc = _CUM_ACC.get(out, torch.int64)
+    # dtype= converts the input first (a float to an integer truncates), then accumulates
+    v = e.cast(operand(call, x, out), out, acc)
+    if x.rank == 0:
+        return finish(call, e.op("Identity", [v]), acc)
+    axis = norm_dim(int(dim), x.rank)
+    n = x.shape[axis]
+    if n > CUM_MAX_LENGTH:
+        raise call.refuse(f"a dim of {n} (the product is unrolled up to {CUM_MAX_LENGTH})")
+    if n <= 1:
+        return finish(call, e.op("Identity", [v]), acc)
+    parts = e.op("Split", [v, e.ints([1] * n)], outputs=n, axis=axis)
+    running = parts[0]
+    products = [running]
+    for part in parts[1:]:
+        running = e.op("Mul", [running, part])
+        products.append(running)
+    return finish(call, e.op("Concat", products, axis=axis), acc)
+
+
+def _cumulative_extreme(largest: bool):  # noqa: ANN202
+    """cummax / cummin as eager's CPU kernel: a position takes the element when it is
+    >= (<=) the running value, so the index is the LAST position holding the prefix
+    extreme; a NaN sticks (index: the last NaN so far).  Written for the static dim as
+    a comparison of every pair (i, j <= i): the prefix extreme M[i] (ReduceMax / Min of
+    the NaN-free prefix), the last j <= i with x[j] == M[i] (or, once a NaN was seen,
+    the last NaN), and the values gathered at those indices (signed zeros as eager)."""
+    def apply(call: Call) -> list[str]:
+        e = call.e
+        x = call.args[0]
+        dim = call.arg(1, "dim")
+        if not isinstance(x, Value) or dim is None:
+            raise call.refuse("without a tensor and a dim")
+        if x.rank == 0:
+            return [e.op("Identity", [x.name]), e.const(0, torch.int64)]
+        axis = norm_dim(int(dim), x.rank)
+        n = x.shape[axis]
+        if n > CUM_MAX_LENGTH or x.example.numel() * n > 2 ** 24:
+            raise call.refuse(f"a dim of {n} over {x.example.numel()} elements (every pair "
+                              f"of positions is compared)")
+        work = opmath(x.dtype)
+        if work == torch.bool:
+            work = torch.int32
+        v = operand(call, x, work)
+        trailing = [1] * (x.rank - 1 - axis)
+        # pair (i, j) on axes (axis, axis + 1): i the output position, j <= i its prefix
+        steps = torch.arange(n)
+        tri = e.const((steps[None, :] <= steps[:, None]).tolist(), torch.bool,
+                      (n, n, *trailing))
+        if work.is_floating_point:
+            fill = float("-inf") if largest else float("inf")
+        else:
+            info = torch.iinfo(work)
+            fill = info.min if largest else info.max
+        fill_name = e.const(fill, work)
+        nan = e.op("IsNaN", [v]) if work.is_floating_point else None
+        clean = e.op("Where", [nan, fill_name, v]) if nan is not None else v
+        pairs = e.op("Where", [tri, e.unsqueeze(clean, [axis]), fill_name])
+        extreme = e.reduce("ReduceMax" if largest else "ReduceMin", pairs, [axis + 1], True)
+        hits = e.op("And", [tri, e.op("Equal", [e.unsqueeze(v, [axis]), extreme])])
+        if nan is not None:
+            nan_hits = e.op("And", [tri, e.unsqueeze(nan, [axis])])
+            seen = e.reduce("ReduceMax", e.cast(nan_hits, torch.bool, torch.int32),
+                            [axis + 1], True)
+            seen = e.cast(seen, torch.int32, torch.bool)  # (onnxruntime has no boolean Where)
+            hits = e.op("Or", [e.op("And", [seen, nan_hits]),
+                               e.op("And", [e.op("Not", [seen]), hits])])
+        positions = e.const(list(range(n)), torch.int32, (n, *trailing))
+        last = e.reduce("ReduceMax", e.op("Where", [hits, positions, e.const(-1, torch.int32)]),
+                        [axis + 1], False)
+        indices = e.cast(last, torch.int32, torch.int64)
+        values = e.op("GatherElements", [x.name, indices], axis=axis)
+        return [values, indices]
+    return apply
+
+
+rule("cummax")(_cumulative_extreme(True))
+rule("cummin")(_cumulative_extreme(False))
 
 
 def _topk(call: Call, x: Value, k: int, dim: int, largest: bool) -> list[str]:

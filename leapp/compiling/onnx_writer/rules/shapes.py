@@ -1,9 +1,11 @@
 """Shapes, views and indexing: every view writes eager's static result shape
 (Reshape / Expand to the traced shape, never -1), permutations as Transpose,
-basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, any
-other constant key as one Gather of the flat positions it selects, and the
-functional rewrites of in-place writes the tracer records (index_write,
-masked_write, copy_write, ...) as ScatterElements / Where / Expand."""
+basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, keys
+mixing tensor indices computed from the inputs with other parts as eager indexes
+(rules.indexing), any other constant key as one Gather of the flat positions it
+selects, diagonals as Gather of constant positions, and the functional rewrites
+of in-place writes the tracer records (index_write, masked_write, copy_write, ...)
+as ScatterElements / Where / Expand."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +14,7 @@ import torch
 
 from ..emit import Call, Value, rule
 from .common import norm_dim, operand
+from .indexing import advanced
 
 _BIG = 2 ** 63 - 1
 
@@ -334,12 +337,16 @@ def masked_fill(call: Call) -> str:
 
 
 def _where(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
-    """Where on dtype (reduced floats through float32: exact both ways)."""
+    """Where on dtype (reduced floats through float32, int16 through int32: exact both
+    ways; booleans as And / Or: onnxruntime has no Where kernel for them)."""
     e = call.e
-    if dtype in (torch.float16, torch.bfloat16):
-        picked = e.op("Where", [cond, e.cast(a, dtype, torch.float32),
-                                e.cast(b, dtype, torch.float32)])
-        return e.cast(picked, torch.float32, dtype)
+    if dtype == torch.bool:
+        return e.op("Or", [e.op("And", [cond, a]), e.op("And", [e.op("Not", [cond]), b])])
+    wider = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+             torch.int16: torch.int32}.get(dtype)
+    if wider is not None:
+        picked = e.op("Where", [cond, e.cast(a, dtype, wider), e.cast(b, dtype, wider)])
+        return e.cast(picked, wider, dtype)
     return e.op("Where", [cond, a, b])
 
 
@@ -422,6 +429,96 @@ def trilu(call: Call) -> str:
     return call.e.op("Trilu", [x.name, call.e.scalar_int(k)], upper=upper)
 
 
+
+# ---------------------------------------------------------------------------
+# diagonals: static positions, so a Gather of constant indices (and a Where with a
+# constant mask to build a diagonal matrix: NaN and inf off the diagonal stay out)
+
+
+def diagonal_of(call: Call, x: Value, offset: int, dim1: int, dim2: int) -> str:
+    """x's diagonal (offset above dim1 -> dim2) as a new last dim, the others in order."""
+    e = call.e
+    d1, d2 = norm_dim(int(dim1), x.rank), norm_dim(int(dim2), x.rank)
+    if d1 == d2:
+        raise call.refuse("dim1 == dim2")
+    rows, cols = x.shape[d1], x.shape[d2]
+    others = [d for d in range(x.rank) if d not in (d1, d2)]
+    perm = others + [d1, d2]
+    name = x.name if perm == list(range(x.rank)) else e.op("Transpose", [x.name], perm=perm)
+    flat = e.reshape(name, tuple(x.shape[d] for d in others) + (rows * cols,))
+    if offset >= 0:
+        positions = [r * cols + r + offset for r in range(max(0, min(rows, cols - offset)))]
+    else:
+        positions = [(c - offset) * cols + c for c in range(max(0, min(rows + offset, cols)))]
+    index = e.tensor_const(torch.tensor(positions, dtype=torch.int64))
+    return e.op("Gather", [flat, index], axis=len(others))
+
+
+def embed_diagonal(call: Call, x: Value, offset: int, dim1: int, dim2: int) -> str:
+    """x's last dim put on the diagonal (offset) of two new dims dim1, dim2 of the
+    result, zeros elsewhere; the other dims of x in order."""
+    e = call.e
+    if x.rank == 0:
+        raise call.refuse("a 0-dim tensor")
+    size = x.shape[-1] + abs(offset)
+    rank = x.rank + 1
+    d1, d2 = norm_dim(int(dim1), rank), norm_dim(int(dim2), rank)
+    if d1 == d2:
+        raise call.refuse("dim1 == dim2")
+    rows = torch.arange(size).view(size, 1)
+    cols = torch.arange(size).view(1, size)
+    on = (cols - rows) == offset
+    source = torch.where(on, rows if offset >= 0 else cols, torch.zeros((), dtype=torch.int64))
+    picked = e.op("Gather", [x.name, e.tensor_const(source)], axis=x.rank - 1)
+    zero = e.const(False if x.dtype == torch.bool else 0, x.dtype)
+    matrix = _where(call, e.tensor_const(on), picked, zero, x.dtype)
+    perm = [0] * rank
+    rest = iter(range(rank - 2))
+    for axis in range(rank):
+        perm[axis] = rank - 2 if axis == d1 else rank - 1 if axis == d2 else next(rest)
+    if perm == list(range(rank)):
+        return matrix
+    return e.op("Transpose", [matrix], perm=perm)
+
+
+@rule("diagonal")
+def diagonal(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value) or x.rank < 2:
+        raise call.refuse("a tensor of fewer than 2 dims")
+    return diagonal_of(call, x, int(call.arg(1, "offset", 0)), int(call.arg(2, "dim1", 0)),
+                       int(call.arg(3, "dim2", 1)))
+
+
+@rule("diag_embed")
+def diag_embed(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    return embed_diagonal(call, x, int(call.arg(1, "offset", 0)), int(call.arg(2, "dim1", -2)),
+                          int(call.arg(3, "dim2", -1)))
+
+
+@rule("diag")
+def diag(call: Call) -> str:
+    """A vector on the diagonal of a square matrix, or a matrix's diagonal."""
+    x = call.args[0]
+    offset = int(call.arg(1, "diagonal", 0))
+    if not isinstance(x, Value) or x.rank not in (1, 2):
+        raise call.refuse("a tensor of other than 1 or 2 dims")
+    if x.rank == 1:
+        return embed_diagonal(call, x, offset, 0, 1)
+    return diagonal_of(call, x, offset, 0, 1)
+
+
+@rule("diagflat")
+def diagflat(call: Call) -> str:
+    x = call.args[0]
+    if not isinstance(x, Value):
+        raise call.refuse("a non-tensor input")
+    flat = Value(call.e.reshape(x.name, (x.example.numel(),)), x.example.reshape(-1))
+    return embed_diagonal(call, flat, int(call.arg(1, "offset", 0)), 0, 1)
+
 # ---------------------------------------------------------------------------
 # x[key]
 
@@ -432,8 +529,8 @@ def _expand_key(key: Any, rank: int) -> list | None:
     for item in items:
         if item is None or item is Ellipsis:
             continue
-        if isinstance(item, Value) and item.dtype == torch.bool:
-            consumed += item.rank
+        if isinstance(item, Value) and item.dtype in (torch.bool, torch.uint8):
+            consumed += item.rank  # a mask covers as many dims as it has
         else:
             consumed += 1
     if consumed > rank:
@@ -455,7 +552,7 @@ def _basic(call: Call, x: Value, items: list) -> str | None:
     if any(isinstance(i, (bool, list, torch.Tensor)) for i in items):
         return None
     if len(tensors) > 1 or (tensors and ints) or \
-            (tensors and tensors[0].dtype == torch.bool):
+            (tensors and tensors[0].dtype in (torch.bool, torch.uint8)):
         return None
     name = x.name
     starts, ends, axes, steps = [], [], [], []
@@ -522,12 +619,12 @@ def getitem(call: Call) -> str:
         if name is not None:
             return name
         del call.e.nodes[before:]
-    # Any other key: the flat positions it selects, if no part of it is traced.
     example_key = call.example_args[1]
-    traced = _traced_parts(key)
-    if traced:
-        raise call.refuse("a traced index mixed with other indices (only one tensor index "
-                          "with slices is written); boolean masks give data-dependent shapes")
+    if _traced_parts(key):  # tensor indices computed from the inputs, with other parts
+        if items is None:
+            raise call.refuse(f"a key of more parts than the {x.rank} dims of the tensor")
+        return advanced(call, x, items)
+    # Any other key: the flat positions it selects (all of it is known here).
     with torch.no_grad():
         positions = torch.arange(x.example.numel()).reshape(x.shape)[example_key]
     return call.e.op("Gather", [call.e.reshape(x.name, (-1,)), call.e.tensor_const(positions)],
@@ -537,10 +634,12 @@ def getitem(call: Call) -> str:
 def _traced_parts(key: Any) -> bool:
     """Whether any part of the key is a value computed from the node's inputs (not a
     folded constant)."""
-    items = key if isinstance(key, (tuple, list)) else (key,)
-    for item in items:
-        if isinstance(item, Value) and not item.const:
-            return True
+    if isinstance(key, Value):
+        return not key.const
+    if isinstance(key, (tuple, list)):
+        return any(_traced_parts(item) for item in key)
+    if isinstance(key, slice):
+        return any(_traced_parts(v) for v in (key.start, key.stop, key.step))
     return False
 
 
