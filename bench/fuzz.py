@@ -47,7 +47,8 @@ reported as such.  Exit status 1 when an unexplained difference remains,
 package, side "writer" with leapp's ONNX writer, side "torch" with
 LEAPP_ONNX_WRITER=torch (torch's exporter for every node).  Its programs
 ("w<seed>_<index>") are the plain ones with every node's backend redrawn
-from ``WRITER_BACKENDS``.  Compared: outcome and error line, compile result,
+from ``WRITER_BACKENDS`` and half of the nodes' op groups from
+bench/fuzz_onnx_ops.py (the writer's rules the catalogue leaves out).  Compared: outcome and error line, compile result,
 the YAML text (byte-identical but for digests) and initial values, each
 ONNX file's interface (opsets, input and output names, element types,
 shapes, metadata_props), who wrote each file, the writer's fallbacks to
@@ -228,8 +229,7 @@ DEPARTURES: list[dict] = [
 
 # ---- WRITER_DIFFERENCES: the writers mode's explained differences -------
 # Between leapp's ONNX writer and torch's exporter (both this package), each
-# documented in docs/performance.md ("The differential fuzzer", writers mode) with
-# its reason.  An entry: id, program (a writers-mode program, "w<seed>_<index>"),
+# documented in docs/compatibility.md ("The two ONNX writers") with its reason.  An entry: id, program (a writers-mode program, "w<seed>_<index>"),
 # check, optional features (all must be the program's), class (a regex searched in
 # the class), writer / torch (regexes on that side's line), details (a regex every
 # detail line must match), source (a regex the program's source must match),
