@@ -258,6 +258,14 @@ WRITER_DIFFERENCES: list[dict] = [
      "reason": "the float16 chains above: torch's exporter's float32 result is off "
                "eager's by more than validation allows on some traced samples, so its "
                "bundle fails leapp's validation; the writer's, rounded as eager, passes"},
+    {"id": "torch-exporter-atan2-signed-zero", "program": "w2_0149", "check": "outcome",
+     "class": r"^outcome: writer ok, torch Exception$", "source": r"r\['atan2'\]",
+     "writer": r"^ok$", "torch": r"^Model validation failed for \d+ node",
+     "reason": "torch.atan2 where y is a zero (a feedback input's zero initial value) and x "
+               "is negative or a zero: eager gives +-pi by the zero's sign (atan2(0, -1) "
+               "= pi, atan2(0, 0) = 0, atan2(0, -0) = pi); torch's exporter's model gives "
+               "-pi for atan2(+0, -1) and 0 for atan2(0, -0), so its bundle fails leapp's "
+               "validation; the writer's gives eager's"},
     {"id": "torch-exporter-lacks-op", "program": "w1_0011", "check": "outcome",
      "class": r"^outcome: writer ok, torch ExportError$",
      "writer": r"^ok$", "torch": _TORCH_EXPORTER_LACKS,
