@@ -48,10 +48,11 @@ package, side "writer" with leapp's ONNX writer, side "torch" with
 LEAPP_ONNX_WRITER=torch (torch's exporter for every node).  Its programs
 ("w<seed>_<index>") are the plain ones with every node's backend redrawn
 from ``WRITER_BACKENDS`` and half of the nodes' op groups from
-bench/fuzz_onnx_ops.py (the writer's rules the catalogue leaves out).  Compared: outcome and error line, compile result,
-the YAML text (byte-identical but for digests) and initial values, each
-ONNX file's interface (opsets, input and output names, element types,
-shapes, metadata_props), who wrote each file, the writer's fallbacks to
+bench/fuzz_onnx_ops.py (the writer's rules the catalogue leaves out).
+Compared: outcome and error line, compile result, the YAML text
+(byte-identical but for digests) and initial values, each ONNX file's
+interface (opsets, input and output names, element types, shapes,
+metadata_props), who wrote each file, the writer's fallbacks to
 torch's exporter (each one a difference: the goal is none), and the replays
 (same keys, dtypes and shapes, values within ``WRITER_RTOL`` /
 ``WRITER_ATOL``).  Explained differences: ``WRITER_DIFFERENCES``.
@@ -229,7 +230,8 @@ DEPARTURES: list[dict] = [
 
 # ---- WRITER_DIFFERENCES: the writers mode's explained differences -------
 # Between leapp's ONNX writer and torch's exporter (both this package), each
-# documented in docs/compatibility.md ("The two ONNX writers") with its reason.  An entry: id, program (a writers-mode program, "w<seed>_<index>"),
+# documented in docs/compatibility.md ("The two ONNX writers") with its reason.
+# An entry: id, program (a writers-mode program, "w<seed>_<index>"),
 # check, optional features (all must be the program's), class (a regex searched in
 # the class), writer / torch (regexes on that side's line), details (a regex every
 # detail line must match), source (a regex the program's source must match),
