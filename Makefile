@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench oneshot compat fuzz upstream-venv clean
+.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench oneshot compat fuzz fuzz-writers upstream-venv clean
 
 setup: $(STAMP)
 
@@ -152,6 +152,12 @@ FUZZ_N ?= 500
 FUZZ_SEED ?= 1
 fuzz: build
 	$(PY) bench/fuzz.py --n $(FUZZ_N) --seed $(FUZZ_SEED) $(if $(FUZZ_CASES),--save-cases $(FUZZ_CASES),)
+
+# The two ONNX writers compared (bench/fuzz.py --writers): every node of FUZZ_N
+# programs exported with onnx / onnx-dynamo, once by leapp's ONNX writer and once
+# by torch's exporter (LEAPP_ONNX_WRITER=torch); no upstream needed.
+fuzz-writers: build
+	$(PY) bench/fuzz.py --writers --n $(FUZZ_N) --seed $(FUZZ_SEED) $(if $(FUZZ_CASES),--save-cases $(FUZZ_CASES),)
 
 # Upstream leapp 0.7.2 in .compat-venv (torch pinned as everywhere): with it,
 # `make test` also runs the side-by-side compatibility tests.

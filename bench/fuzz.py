@@ -5,6 +5,8 @@ under upstream leapp 0.7.2, compared.
                          [--upstream VENV_OR_PYTHON] [--ours PYTHON] [--save-cases DIR]
     python bench/fuzz.py --print s7_0014                  (one program's source)
     python bench/fuzz.py --rescan DIR --n N --seed S      (compare a --keep run again)
+    python bench/fuzz.py --writers [--n 300] [--seed 1]    (leapp's ONNX writer against
+                                                          torch's exporter, below)
     python bench/fuzz.py --worker PROGRAM_DIR OUT_DIR      (internal: one batch)
 
 Each program is a standalone Python script built from the public API only
@@ -40,6 +42,20 @@ matching ``KNOWN_DIFFERENCES`` (bugs being fixed: shrink the list as fixes
 land) or ``DEPARTURES`` (deliberate, see docs/compatibility.md) are
 reported as such.  Exit status 1 when an unexplained difference remains,
 2 when the run could not start.
+
+``--writers`` compares the two ONNX writers instead: both sides run this
+package, side "writer" with leapp's ONNX writer, side "torch" with
+LEAPP_ONNX_WRITER=torch (torch's exporter for every node).  Its programs
+("w<seed>_<index>") are the plain ones with every node's backend redrawn
+from ``WRITER_BACKENDS`` and half of the nodes' op groups from
+bench/fuzz_onnx_ops.py (the writer's rules the catalogue leaves out).
+Compared: outcome and error line, compile result, the YAML text
+(byte-identical but for digests) and initial values, each ONNX file's
+interface (opsets, input and output names, element types, shapes,
+metadata_props), who wrote each file, the writer's fallbacks to
+torch's exporter (each one a difference: the goal is none), and the replays
+(same keys, dtypes and shapes, values within ``WRITER_RTOL`` /
+``WRITER_ATOL``).  Explained differences: ``WRITER_DIFFERENCES``.
 """
 
 from __future__ import annotations
@@ -60,6 +76,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CATALOGUE = os.path.join(ROOT, "tests", "op_catalogue.py")
+# The writers mode's op groups beyond the catalogue (pasted after it).
+ONNX_OPS = os.path.join(HERE, "fuzz_onnx_ops.py")
 GRAPH = "fz"
 REPLAY_STEPS = 3
 TOL = 1e-5
@@ -91,6 +109,25 @@ PAYLOADS = ["dict", "nested", "semantics"]
 STATE_ORDERS = ["before_output", "after_output", "next_call", "never"]
 STATE_ORDER_WEIGHTS = [4, 2, 2, 1]
 STATE_SOURCES = ["direct", "tail_op", "from_output"]
+
+# Writers mode (--writers): both sides are this package, side "writer" with leapp's
+# ONNX writer, side "torch" with WRITER_ENV=torch (torch's exporter for every
+# node); every node exports with one of WRITER_BACKENDS, so every node goes
+# through the writer on the writer's side ("onnx-torchscript" is torch's
+# TorchScript exporter on both sides: nothing of the writer to compare).
+WRITER_BACKENDS = ["onnx", "onnx-dynamo"]
+# The share of nodes whose op group is redrawn from bench/fuzz_onnx_ops.py (the
+# writer's rules that tests/op_catalogue.py leaves out).
+WRITER_NEW_GROUPS = 0.5
+WRITER_ENV = "LEAPP_ONNX_WRITER"
+# Both sides' bundles replay the same inputs: identical dtypes and shapes, and
+# values within these (ONNX models of the same graph, one rounding apart).
+WRITER_RTOL, WRITER_ATOL = 1e-5, 1e-6
+# The two sides of each mode, as the comparer's lines and the tables name them.
+SIDES = {"upstream": ("ours", "upstream"), "writers": ("writer", "torch")}
+# What the writer's side logs for a node it sent to torch's exporter.
+FALLBACK_RE = re.compile(r"\[(\w+)\] exported with torch's ONNX exporter: (.*?)"
+                         r"(?: \(set \w+=torch to use it for every node\))?$", re.M)
 
 
 # --------------------------------------------------------------------------
@@ -191,6 +228,64 @@ DEPARTURES: list[dict] = [
 ]
 
 
+# ---- WRITER_DIFFERENCES: the writers mode's explained differences -------
+# Between leapp's ONNX writer and torch's exporter (both this package), each
+# documented in docs/compatibility.md ("The two ONNX writers") with its reason.
+# An entry: id, program (a writers-mode program, "w<seed>_<index>"),
+# check, optional features (all must be the program's), class (a regex searched in
+# the class), writer / torch (regexes on that side's line), details (a regex every
+# detail line must match), source (a regex the program's source must match),
+# max_abs (a bound on every replayed output's max abs diff), reason.
+# The float16 ops of bench/fuzz_onnx_ops.py whose result torch's exporter computes in
+# float32 (a program that uses one of them as an output).
+_FLOAT16_OPS = r"r\['(half_chain|half_add|softmax_half)'\]"
+# The torch calls torch's dynamo exporter has no ONNX function for.
+_TORCH_EXPORTER_LACKS = r"No ONNX function found for <OpOverload\(op='prims\.(hypot|signbit)'"
+
+WRITER_DIFFERENCES: list[dict] = [
+    {"id": "float16-rounding-kept", "program": "w1_0009", "check": "replay",
+     "class": r"^replay: output values differ$", "source": _FLOAT16_OPS, "max_abs": 0.02,
+     "reason": "float16 arithmetic cast back to float32 ((x.half() * 3.3).float(), "
+               "(x.half() + y.half()).float(), F.softmax(x.half(), -1).float()): the "
+               "writer rounds to float16 after each op as eager does; torch's exporter "
+               "computes in float32, so its outputs are off eager's by float16's rounding "
+               "(about 1e-3 relative), and so are the outputs computed from them "
+               "(tests/test_onnx_writer.py holds the writer's to eager's)"},
+    {"id": "float16-rounding-fails-torch-validation", "program": "w1_0049",
+     "check": "outcome", "class": r"^outcome: writer ok, torch Exception$",
+     "source": _FLOAT16_OPS, "writer": r"^ok$",
+     "torch": r"^(Model validation failed for \d+ node|Closed-loop validation failed: "
+              r"closed loop, step \d+: \S+ \(graph output\): the bundle gives .* \(max abs "
+              r"difference \d\.\d+e-0[2-9]\))",
+     "reason": "the float16 chains above: torch's exporter's float32 result is off "
+               "eager's by more than validation allows on some traced samples, so its "
+               "bundle fails leapp's validation; the writer's, rounded as eager, passes"},
+    {"id": "torch-exporter-atan2-signed-zero", "program": "w2_0149", "check": "outcome",
+     "class": r"^outcome: writer ok, torch Exception$", "source": r"r\['atan2'\]",
+     "writer": r"^ok$", "torch": r"^Model validation failed for \d+ node",
+     "reason": "torch.atan2 where y is a zero (a feedback input's zero initial value) and x "
+               "is negative or a zero: eager gives +-pi by the zero's sign (atan2(0, -1) "
+               "= pi, atan2(0, 0) = 0, atan2(0, -0) = pi); torch's exporter's model gives "
+               "-pi for atan2(+0, -1) and 0 for atan2(0, -0), so its bundle fails leapp's "
+               "validation; the writer's gives eager's"},
+    {"id": "torch-exporter-lacks-op", "program": "w1_0011", "check": "outcome",
+     "class": r"^outcome: writer ok, torch ExportError$",
+     "writer": r"^ok$", "torch": _TORCH_EXPORTER_LACKS,
+     "reason": "torch.hypot and torch.copysign: torch's dynamo exporter has no ONNX "
+               "function for prims.hypot / prims.signbit and the node fails to export; "
+               "the writer writes both"},
+    {"id": "torch-exporter-lacks-op-then-program-error", "program": "w1_0044",
+     "check": "outcome", "class": r"^outcome: writer RuntimeError, torch ExportError$",
+     "writer": r"^Error: unsupported use of sending the same tensor multiple times to the "
+               r"same node",
+     "torch": _TORCH_EXPORTER_LACKS,
+     "reason": "torch's exporter fails on hypot / copysign (above) before compile_graph "
+               "checks the wiring; the writer's side exports every node and reaches the "
+               "program's own mistake (one tensor fed to two inputs of a node), refused "
+               "with the same message as under upstream"},
+]
+
+
 def _side(diff: dict, side: str) -> str | None:
     """The ``side`` ("ours" / "upstream") line of a difference, without its label."""
     for line in diff["details"]:
@@ -215,8 +310,43 @@ def matches(entry: dict, diff: dict) -> bool:
     return True
 
 
+def matches_writer(entry: dict, diff: dict) -> bool:
+    """Whether the WRITER_DIFFERENCES entry explains the writers-mode ``diff``: its check,
+    every feature it names, its class regex, each side's line it names, and its
+    details regex on every detail line (so an output it does not explain, differing
+    beside it, leaves the difference unexplained)."""
+    if entry["check"] != diff["check"]:
+        return False
+    if not set(entry.get("features", [])) <= set(diff.get("features", [])):
+        return False
+    if entry.get("class") and not re.search(entry["class"], diff["class"]):
+        return False
+    for side in SIDES["writers"]:
+        if side in entry:
+            line = _side(diff, side)
+            if line is None or not re.search(entry[side], line, re.S):
+                return False
+    if entry.get("details"):
+        if not diff["details"] or not all(re.search(entry["details"], d)
+                                          for d in diff["details"]):
+            return False
+    if entry.get("source") and not re.search(entry["source"], diff.get("source") or ""):
+        return False
+    if "max_abs" in entry:
+        found = [re.search(r"max abs diff (\S+)$", d) for d in diff["details"]]
+        if not found or not all(m and float(m.group(1)) <= entry["max_abs"] for m in found):
+            return False
+    return True
+
+
 def explain(diff: dict) -> dict | None:
-    """The KNOWN_DIFFERENCES or DEPARTURES entry explaining `diff`, if any."""
+    """The KNOWN_DIFFERENCES or DEPARTURES entry explaining `diff`, if any (for a
+    writers-mode difference: the WRITER_DIFFERENCES entry)."""
+    if diff.get("sides") == list(SIDES["writers"]):
+        for entry in WRITER_DIFFERENCES:
+            if matches_writer(entry, diff):
+                return dict(entry, kind="writer")
+        return None
     for table, kind in ((DEPARTURES, "departure"), (KNOWN_DIFFERENCES, "known")):
         for entry in table:
             if matches(entry, diff):
@@ -227,15 +357,16 @@ def explain(diff: dict) -> dict | None:
 # --------------------------------------------------------------------------
 # The op catalogue: groups of ops over (x, y) of shape (2, 3, 4)
 
-def _catalogue():
+def _catalogue(path=CATALOGUE, table="GROUPS"):
     """(source text to paste, {group: (carrier keys, extra keys)})."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_fuzz_op_catalogue", CATALOGUE)
+    spec = importlib.util.spec_from_file_location(
+        "_fuzz_" + os.path.splitext(os.path.basename(path))[0], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     import torch
     groups = {}
-    for name, (inputs, fn) in mod.GROUPS.items():
+    for name, (inputs, fn) in getattr(mod, table).items():
         if inputs[0].shape != (2, 3, 4):
             continue  # the convolution group takes images
         outs = fn(*inputs)
@@ -245,20 +376,22 @@ def _catalogue():
         if not carriers:
             continue  # nothing of the (2, 3, 4) float shape to chain on
         groups[name] = (sorted(carriers), sorted(extras))
-    with open(CATALOGUE) as f:
+    with open(path) as f:
         source = f.read()
     source = source.replace("from __future__ import annotations\n", "")
     return source, groups
 
 
-_CAT = None
+_CAT = {}
 
 
-def catalogue():
-    global _CAT
-    if _CAT is None:
-        _CAT = _catalogue()
-    return _CAT
+def catalogue(writers=False):
+    """The catalogue's (source, groups); with ``writers``, the writers mode's op groups
+    (bench/fuzz_onnx_ops.py) instead."""
+    key = "writers" if writers else "plain"
+    if key not in _CAT:
+        _CAT[key] = _catalogue(ONNX_OPS, "ONNX_GROUPS") if writers else _catalogue()
+    return _CAT[key]
 
 
 # --------------------------------------------------------------------------
@@ -449,14 +582,32 @@ def _method_node(node):
     return defs, out
 
 
-def generate(seed: int, index: int) -> dict:
-    """One program: {"id", "seed", "index", "features", "source"}."""
+def generate(seed: int, index: int, writers: bool = False) -> dict:
+    """One program: {"id", "seed", "index", "features", "source"}.
+
+    With ``writers`` (the writers mode) the program is the one of the same seed and
+    index with every node's backend redrawn from WRITER_BACKENDS (a stream of its
+    own, so the rest of the program is unchanged); its id starts with "w"."""
     source, groups = catalogue()
     rng = random.Random("%d/%d" % (seed, index))
     n_nodes = rng.choice([1, 2, 2, 3, 3, 4])
     passes = rng.choice([1, 2, 2, 3])
     no_grad = rng.random() < 0.7
     nodes = [Node(i, rng, groups, n_nodes, passes) for i in range(n_nodes)]
+    extra_source = None
+    if writers:
+        extra_source, extra = catalogue(writers=True)
+        every = dict(groups, **extra)
+        writer_rng = random.Random("%d/%d/writers" % (seed, index))
+        for node in nodes:
+            node.backend = writer_rng.choice(WRITER_BACKENDS)
+            if writer_rng.random() < WRITER_NEW_GROUPS:
+                node.group = writer_rng.choice(sorted(extra))
+                carriers, extras = every[node.group]
+                node.carrier = writer_rng.choice(carriers)
+                node.extras = [k for k in writer_rng.sample(extras + carriers,
+                                                            writer_rng.choice([0, 1, 2]))
+                               if k != node.carrier]
     order_rng = random.Random("%d/%d/state-order" % (seed, index))
     for node in nodes:
         if node.state:
@@ -474,12 +625,13 @@ def generate(seed: int, index: int) -> dict:
         defs += d
         steps += s
     features = sorted(set(features))
-    pid = "s%d_%04d" % (seed, index)
+    pid = "%s%d_%04d" % ("w" if writers else "s", seed, index)
     lines = [
         '"""leapp fuzz program %s (seed %d, index %d).' % (pid, seed, index),
         "",
         "Features: %s." % ", ".join(features),
-        "Run as-is under either leapp: python %s.py OUT_DIR" % pid,
+        ("Run as-is, with and without LEAPP_ONNX_WRITER=torch: python %s.py OUT_DIR"
+         if writers else "Run as-is under either leapp: python %s.py OUT_DIR") % pid,
         '"""',
         "import os",
         "import sys",
@@ -490,6 +642,12 @@ def generate(seed: int, index: int) -> dict:
         "# ---- tests/op_catalogue.py, pasted " + "-" * 40,
         source.rstrip(),
         "# ---- end of the catalogue " + "-" * 48,
+    ]
+    if extra_source:
+        lines += ["# ---- bench/fuzz_onnx_ops.py, pasted " + "-" * 39,
+                  extra_source.rstrip(),
+                  "# ---- end of the writers' op groups " + "-" * 39]
+    lines += [
         "",
         "",
     ]
@@ -574,10 +732,49 @@ def _replay(yaml_path, out_path):
     return info
 
 
-def worker(program_dir, out_dir):
+def _onnx_files(yaml_path):
+    """{file: what the comparer checks of each ONNX model in the bundle}: its producer
+    (leapp's writer or torch's exporter) and its interface (opsets, inputs and outputs
+    with element types and shapes, metadata_props)."""
+    import onnx
+    info = {}
+    bundle = os.path.dirname(yaml_path)
+    for fname in sorted(os.listdir(bundle)):
+        if not fname.endswith(".onnx"):
+            continue
+        model = onnx.load(os.path.join(bundle, fname), load_external_data=False)
+
+        def ports(values):
+            return [[v.name, v.type.tensor_type.elem_type,
+                     [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]]
+                    for v in values]
+
+        info[fname] = {
+            "producer": model.producer_name,
+            "interface": {"opsets": sorted([o.domain, o.version] for o in model.opset_import),
+                          "inputs": ports(model.graph.input),
+                          "outputs": ports(model.graph.output),
+                          "metadata_props": sorted([p.key, p.value]
+                                                   for p in model.metadata_props)}}
+    return info
+
+
+def _fallbacks(yaml_path):
+    """[[node, reason]] for each node the writer sent to torch's exporter, from log.txt."""
+    path = os.path.join(os.path.dirname(yaml_path), "log.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path, errors="replace") as f:
+        return [[m.group(1), m.group(2)] for m in FALLBACK_RE.finditer(f.read())]
+
+
+def worker(program_dir, out_dir, writers=False):
+    """Run every program of program_dir; results.json in out_dir.  With ``writers``
+    the warnings stay on (log.txt names the writer's fallbacks) and each bundle's ONNX
+    files and fallbacks are recorded too."""
     import logging
     import runpy
-    logging.disable(logging.CRITICAL)
+    logging.disable(logging.INFO if writers else logging.CRITICAL)
     import warnings
     warnings.simplefilter("ignore")
     import leapp
@@ -613,6 +810,12 @@ def worker(program_dir, out_dir):
             except BaseException as exc:  # noqa: BLE001
                 rec["replay"] = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                                  "outputs": []}
+        if writers and rec["ok"] and rec["yaml"] and os.path.exists(rec["yaml"]):
+            try:
+                rec["onnx"] = _onnx_files(rec["yaml"])
+            except Exception as exc:  # noqa: BLE001 - reported to the comparer
+                rec["onnx"] = {"?": {"error": "%s: %s" % (type(exc).__name__, exc)}}
+            rec["fallbacks"] = _fallbacks(rec["yaml"])
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         results[pid] = rec
         with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -648,8 +851,11 @@ def _normalise(text):
     return text
 
 
-def compare_program(prog, ours, up):
-    """List of differences {check, class, details} for one program."""
+def compare_program(prog, ours, up, mode="upstream"):
+    """List of differences {check, class, details} for one program (``mode``
+    "writers": ``ours`` is the writer's side, ``up`` torch's exporter's)."""
+    if mode == "writers":
+        return compare_writers(prog, ours, up)
     sys.path.insert(0, HERE)
     import compat
     diffs = []
@@ -714,47 +920,162 @@ def _yaml_kind(d):
     return "value"
 
 
-def _compare_replay(ours, up):
+def _compare_replay(ours, up, sides=SIDES["upstream"], rtol=TOL, atol=TOL):
+    """[(class, detail)] between the two sides' replays (``sides``: their labels)."""
     import torch
     from safetensors.torch import load_file
+    first, second = sides
     ro, ru = ours.get("replay") or {}, up.get("replay") or {}
     if not ro.get("ok") or not ru.get("ok"):
         if ro.get("ok") == ru.get("ok"):
             return []  # both failed to replay: the YAML check says why
-        side = "ours" if not ro.get("ok") else "upstream"
-        err = (ro if side == "ours" else ru).get("error", "")
+        side = first if not ro.get("ok") else second
+        err = (ro if side == first else ru).get("error", "")
         return [("%s bundle fails in its InferenceManager: %s" % (side, err.split(":")[0]),
                  err[:400])]
     if ro["outputs"] != ru["outputs"]:
-        return [("output keys differ", "ours %s, upstream %s" % (ro["outputs"], ru["outputs"]))]
+        return [("output keys differ", "%s %s, %s %s" % (first, ro["outputs"], second,
+                                                         ru["outputs"]))]
     a = load_file(os.path.join(os.path.dirname(ours["yaml"]), "..", "replay.safetensors"))
     b = load_file(os.path.join(os.path.dirname(up["yaml"]), "..", "replay.safetensors"))
+    return compare_tensors(a, b, sides, rtol, atol)
+
+
+def compare_tensors(a, b, sides=SIDES["upstream"], rtol=TOL, atol=TOL):
+    """[(class, detail)] between two replays ({"step|output": tensor}): a key on one
+    side only, a dtype or shape that differs, values not allclose(rtol, atol)."""
+    import torch
+    first, second = sides
     out = []
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b:
-            out.append(("output missing", k))
+            out.append(("output missing", "%s: only %s has it" % (k, first if k in a
+                                                                   else second)))
             continue
         x, y = a[k], b[k]
         if x.dtype != y.dtype or x.shape != y.shape:
-            out.append(("output dtype/shape differ", "%s: ours %s%s, upstream %s%s"
-                        % (k, x.dtype, list(x.shape), y.dtype, list(y.shape))))
-        elif not torch.allclose(x.double(), y.double(), rtol=TOL, atol=TOL, equal_nan=True):
-            out.append(("output values differ", "%s: max abs diff %g" % (
-                k, (x.double() - y.double()).abs().max().item())))
+            out.append(("output dtype/shape differ", "%s: %s %s%s, %s %s%s"
+                        % (k, first, x.dtype, list(x.shape), second, y.dtype,
+                           list(y.shape))))
+        elif not torch.allclose(x.double(), y.double(), rtol=rtol, atol=atol,
+                                equal_nan=True):
+            out.append(("output values differ", "%s %s: max abs diff %g" % (
+                k, x.dtype, (x.double() - y.double()).abs().max().item())))
     return out
+
+
+def compare_writers(prog, a, b):
+    """The writers mode's differences for one program: ``a`` ran with leapp's ONNX
+    writer, ``b`` with torch's exporter for every node (the same package).
+
+    Checks: outcome (ok, or the exception type), the error's first line, the compile
+    result, the YAML text (digests masked: byte-identical otherwise) and the initial
+    values, each ONNX file's interface (opsets, names, element types, shapes,
+    metadata_props), who wrote each file (the writer on a's side, torch on b's), the
+    writer's fallbacks (each one a difference: the goal is none), and the replayed
+    outputs (same keys, dtypes and shapes; values within WRITER_RTOL / WRITER_ATOL)."""
+    sys.path.insert(0, HERE)
+    import compat
+    first, second = SIDES["writers"]
+    diffs = []
+
+    def add(check, signature, details):
+        diffs.append({"check": check, "class": "%s: %s" % (check, signature),
+                      "details": details, "sides": [first, second]})
+
+    if a is None or b is None:
+        add("harness", "no result from %s" % (first if a is None else second), [])
+        return diffs
+    a_out = "ok" if a["ok"] else a["exc_type"]
+    b_out = "ok" if b["ok"] else b["exc_type"]
+    if a_out != b_out:
+        add("outcome", "%s %s, %s %s" % (first, a_out, second, b_out),
+            ["%s: %s" % (first, "ok" if a["ok"] else _head(a["message"])),
+             "%s: %s" % (second, "ok" if b["ok"] else _head(b["message"]))])
+        return diffs
+    if not a["ok"]:
+        la, lb = _first_line(a["message"]), _first_line(b["message"])
+        if la != lb:
+            add("message", "%s: %s" % (a_out, _normalise(lb[:60])),
+                ["%s: %s" % (first, la), "%s: %s" % (second, lb)])
+        return diffs
+    if a["compile"] != b["compile"]:
+        add("compile", "%s %s, %s %s" % (first, _normalise(json.dumps(a["compile"])), second,
+                                         _normalise(json.dumps(b["compile"]))),
+            ["%s %s" % (first, a["compile"]), "%s %s" % (second, b["compile"])])
+    try:
+        ydiffs = ["%s %s" % ({"+": first, "-": second}[d[0]], d[1:])
+                  for d in compat.text_diff_lines(a["yaml"], b["yaml"])]
+    except Exception as exc:  # noqa: BLE001
+        ydiffs = ["could not compare: %s: %s" % (type(exc).__name__, exc)]
+    try:
+        idiffs, _ = compat.compare_initial_values(a["yaml"], b["yaml"])
+        idiffs = [re.sub(r"\bupstream\b", second, re.sub(r"\bours\b", first, d))
+                  for d in idiffs]
+    except Exception as exc:  # noqa: BLE001
+        idiffs = ["could not compare initial values: %s: %s" % (type(exc).__name__, exc)]
+    if ydiffs or idiffs:
+        kinds = (["text"] if ydiffs else []) + (["initial values"] if idiffs else [])
+        add("yaml", " and ".join(kinds), ydiffs + idiffs)
+    fa, fb = a.get("onnx") or {}, b.get("onnx") or {}
+    if sorted(fa) != sorted(fb):
+        add("onnx", "files differ", ["%s %s" % (first, sorted(fa)),
+                                     "%s %s" % (second, sorted(fb))])
+    for fname in sorted(set(fa) & set(fb)):
+        ia, ib = fa[fname].get("interface"), fb[fname].get("interface")
+        if ia != ib:
+            keys = [k for k in sorted(set(ia or {}) | set(ib or {}))
+                    if (ia or {}).get(k) != (ib or {}).get(k)]
+            add("onnx", "interface differs: %s" % ", ".join(keys) if keys else "unreadable",
+                ["%s: %s %s" % (first, fname, {k: (ia or {}).get(k) for k in keys} or fa[fname]),
+                 "%s: %s %s" % (second, fname, {k: (ib or {}).get(k) for k in keys}
+                                or fb[fname])])
+    # Who wrote each file: the writer on its side (else a fallback), torch on the other.
+    fallbacks = {node: why for node, why in a.get("fallbacks") or []}
+    for node, why in sorted(fallbacks.items()):
+        op = re.match(r"no ONNX rule for (\S+)", why)
+        add("fallback", op.group(1) if op else _normalise(why[:60]),
+            ["%s: %s: %s" % (first, node, why), "%s: not asked" % second])
+    for fname, info in sorted(fa.items()):
+        node = fname[:-len(".onnx")]
+        if info.get("producer") != "leapp" and node not in fallbacks:
+            add("producer", "%s file not written by the writer, no fallback logged" % first,
+                ["%s: %s written by %r" % (first, fname, info.get("producer")),
+                 "%s: -" % second])
+    for fname, info in sorted(fb.items()):
+        if info.get("producer") == "leapp":
+            add("producer", "%s file written by the writer under %s=torch" % (second,
+                                                                              WRITER_ENV),
+                ["%s: -" % first, "%s: %s written by 'leapp'" % (second, fname)])
+    rdiffs = _compare_replay(a, b, (first, second), WRITER_RTOL, WRITER_ATOL)
+    if rdiffs:
+        add("replay", rdiffs[0][0], [d[1] for d in rdiffs])
+    return diffs
 
 
 # --------------------------------------------------------------------------
 # Driver
 
-def _run_side(python, program_dir, out_dir, ours, log_path, timeout):
+def _run_side(python, program_dir, out_dir, env, log_path, writers=False):
+    log = open(log_path, "w")
+    argv = [python, os.path.abspath(__file__), "--worker", program_dir, out_dir]
+    if writers:
+        argv.append("--worker-writers")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out_dir, env=env)
+    return proc, log
+
+
+def side_envs(mode):
+    """{side: the worker's environment} for the mode's two sides."""
     sys.path.insert(0, HERE)
     import compat
-    log = open(log_path, "w")
-    proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", program_dir,
-                             out_dir], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=out_dir, env=compat.clean_env(ours))
-    return proc, log
+    first, second = SIDES[mode]
+    if mode == "writers":
+        a, b = compat.clean_env(True), compat.clean_env(True)
+        a.pop(WRITER_ENV, None)  # the writer, whatever the caller's environment says
+        b[WRITER_ENV] = "torch"
+        return {first: a, second: b}
+    return {first: compat.clean_env(True), second: compat.clean_env(False)}
 
 
 def _collect(proc, log, out_dir, timeout):
@@ -774,22 +1095,34 @@ def _collect(proc, log, out_dir, timeout):
 def case_program(case_id: str) -> dict:
     """The generated program that shows the difference ``case_id`` (its entry's
     ``program``, "s<seed>_<index>", regenerated: the generator is deterministic)."""
-    entry = next(e for e in KNOWN_DIFFERENCES + FIXED + DEPARTURES if e["id"] == case_id)
-    seed, index = re.fullmatch(r"s(\d+)_(\d+)", entry["program"]).groups()
-    return generate(int(seed), int(index))
+    entry = next(e for e in KNOWN_DIFFERENCES + FIXED + DEPARTURES + WRITER_DIFFERENCES
+                 if e["id"] == case_id)
+    return program_by_id(entry["program"])
 
 
-def run(n, seed, ours, upstream, workdir, batch=25, timeout=1800, progress=None):
-    """Generate `n` programs and compare them; returns the report dict."""
-    return run_programs([generate(seed, i) for i in range(n)], ours, upstream, workdir,
-                        batch=batch, timeout=timeout, progress=progress, seed=seed)
+def program_by_id(pid: str) -> dict:
+    """The generated program "s<seed>_<index>" (or "w<seed>_<index>", writers mode)."""
+    kind, seed, index = re.fullmatch(r"([sw])(\d+)_(\d+)", pid).groups()
+    return generate(int(seed), int(index), writers=kind == "w")
+
+
+def run(n, seed, ours, upstream, workdir, batch=25, timeout=1800, progress=None,
+        mode="upstream"):
+    """Generate `n` programs and compare them; returns the report dict.  In the
+    writers mode both sides run `ours` (`upstream` is not used)."""
+    return run_programs([generate(seed, i, writers=mode == "writers") for i in range(n)],
+                        ours, upstream, workdir, batch=batch, timeout=timeout,
+                        progress=progress, seed=seed, mode=mode)
 
 
 def run_programs(programs, ours, upstream, workdir, batch=25, timeout=1800, progress=None,
-                 seed=None):
+                 seed=None, mode="upstream"):
     """Compare the given programs (generate() dicts); returns the report dict."""
     n = len(programs)
-    report = {"seed": seed, "tried": 0, "programs": {}, "differences": []}
+    report = {"seed": seed, "mode": mode, "tried": 0, "programs": {}, "differences": []}
+    first, second = SIDES[mode]
+    pythons = {first: ours, second: ours if mode == "writers" else upstream}
+    envs = side_envs(mode)
     for start in range(0, n, batch):
         chunk = programs[start:start + batch]
         bdir = os.path.join(workdir, "batch%04d" % start)
@@ -799,26 +1132,28 @@ def run_programs(programs, ours, upstream, workdir, batch=25, timeout=1800, prog
             with open(os.path.join(pdir, prog["id"] + ".py"), "w") as f:
                 f.write(prog["source"])
         procs = {}
-        for side, py in (("ours", ours), ("upstream", upstream)):
+        for side in (first, second):
             out = os.path.join(bdir, side)
             os.makedirs(out, exist_ok=True)
-            procs[side] = (out,) + _run_side(py, pdir, out, side == "ours",
-                                             os.path.join(bdir, side + ".log"), timeout)
+            procs[side] = (out,) + _run_side(pythons[side], pdir, out, envs[side],
+                                             os.path.join(bdir, side + ".log"),
+                                             writers=mode == "writers")
         res = {side: _collect(p, log, out, timeout) for side, (out, p, log) in procs.items()}
         for prog in chunk:
-            _record(report, prog, res["ours"].get(prog["id"]),
-                    res["upstream"].get(prog["id"]), os.path.join(pdir, prog["id"] + ".py"))
+            _record(report, prog, res[first].get(prog["id"]), res[second].get(prog["id"]),
+                    os.path.join(pdir, prog["id"] + ".py"), mode)
         if progress:
             progress("%d/%d programs, %d differences" % (
                 report["tried"], n, len(report["differences"])))
     return report
 
 
-def rescan(workdir, n, seed):
+def rescan(workdir, n, seed, mode="upstream"):
     """The report of a kept run (--keep DIR), compared again with this comparer."""
-    report = {"seed": seed, "tried": 0, "programs": {}, "differences": []}
-    programs = [generate(seed, i) for i in range(n)]
-    results = {"ours": {}, "upstream": {}}
+    report = {"seed": seed, "mode": mode, "tried": 0, "programs": {}, "differences": []}
+    programs = [generate(seed, i, writers=mode == "writers") for i in range(n)]
+    first, second = SIDES[mode]
+    results = {first: {}, second: {}}
     for bdir in sorted(os.listdir(workdir)):
         for side in results:
             path = os.path.join(workdir, bdir, side, "results.json")
@@ -826,20 +1161,24 @@ def rescan(workdir, n, seed):
                 with open(path) as f:
                     results[side].update(json.load(f))
     for prog in programs:
-        o, u = results["ours"].get(prog["id"]), results["upstream"].get(prog["id"])
+        o, u = results[first].get(prog["id"]), results[second].get(prog["id"])
         if o is None or u is None:
             continue  # a batch still running (or killed): not compared
-        _record(report, prog, o, u, "")
+        _record(report, prog, o, u, "", mode)
     return report
 
 
-def _record(report, prog, o, u, path):
+def _record(report, prog, o, u, path, mode="upstream"):
+    first, second = SIDES[mode]
     report["tried"] += 1
     report["programs"][prog["id"]] = {
         "features": prog["features"],
-        "ours": "ok" if o and o["ok"] else (o or {}).get("exc_type"),
-        "upstream": "ok" if u and u["ok"] else (u or {}).get("exc_type")}
-    for d in compare_program(prog, o, u):
+        first: "ok" if o and o["ok"] else (o or {}).get("exc_type"),
+        second: "ok" if u and u["ok"] else (u or {}).get("exc_type")}
+    if mode == "writers":
+        report["programs"][prog["id"]]["fallbacks"] = (o or {}).get("fallbacks") or []
+        report["programs"][prog["id"]]["onnx_files"] = len((o or {}).get("onnx") or {})
+    for d in compare_program(prog, o, u, mode):
         d["program"] = prog["id"]
         d["features"] = prog["features"]
         d["path"] = path
@@ -854,11 +1193,21 @@ def summarise(report):
     """Text: programs tried, outcomes, and differences grouped by class."""
     lines = []
     progs = report["programs"]
-    both_ok = sum(1 for p in progs.values() if p["ours"] == "ok" and p["upstream"] == "ok")
-    lines.append("fuzz: seed %s, %d programs tried (%d compiled on both sides), "
+    mode = report.get("mode", "upstream")
+    first, second = SIDES[mode]
+    both_ok = sum(1 for p in progs.values() if p[first] == "ok" and p[second] == "ok")
+    lines.append("fuzz%s: seed %s, %d programs tried (%d compiled on both sides), "
                  "%d differences in %d programs" % (
+                     " --writers" if mode == "writers" else "",
                      report["seed"], report["tried"], both_ok, len(report["differences"]),
                      len({d["program"] for d in report["differences"]})))
+    if mode == "writers":
+        fell = [(pid, node) for pid, p in sorted(progs.items())
+                for node, _ in p.get("fallbacks", [])]
+        lines.append("  ONNX models written on the writer's side: %d; fell back to torch's "
+                     "exporter: %d%s" % (
+                         sum(p.get("onnx_files", 0) for p in progs.values()), len(fell),
+                         (" (%s)" % ", ".join("%s/%s" % f for f in fell[:8])) if fell else ""))
     classes = {}
     for d in report["differences"]:
         key = ((d["explained"] or {}).get("id", ""), d["class"])
@@ -903,6 +1252,10 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM_DIR", "OUT_DIR"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--worker-writers", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--writers", action="store_true",
+                    help="compare leapp's ONNX writer with torch's exporter (both this "
+                         "package, %s=torch on one side) instead of upstream" % WRITER_ENV)
     ap.add_argument("--n", type=int, default=int(os.environ.get("FUZZ_N", 500)))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("FUZZ_SEED", 1)))
     ap.add_argument("--batch", type=int, default=25)
@@ -919,25 +1272,31 @@ def main(argv=None):
                          "--seed must be the run's")
     args = ap.parse_args(argv)
     if args.worker:
-        worker(*args.worker)
+        worker(*args.worker, writers=args.worker_writers)
         return 0
+    mode = "writers" if args.writers else "upstream"
     if args.rescan:
-        report = rescan(args.rescan, args.n, args.seed)
+        report = rescan(args.rescan, args.n, args.seed, mode)
         print(summarise(report))
         if args.save_cases:
             for p in save_cases(report, args.save_cases):
                 print("saved", p)
         return 1 if unexplained(report) else 0
     if args.print_id:
-        m = re.fullmatch(r"s(\d+)_(\d+)", args.print_id)
-        print(generate(int(m.group(1)), int(m.group(2)))["source"])
+        print(program_by_id(args.print_id)["source"])
         return 0
     sys.path.insert(0, HERE)
     import compat
-    upstream = compat.resolve_python(args.upstream) if args.upstream \
-        else compat.find_upstream_python()
     ours = compat.resolve_python(args.ours)
-    if not upstream or not ours:
+    if mode == "writers":
+        upstream = None  # both sides are ours
+        if not ours:
+            print("fuzz: no interpreter at --ours %s" % args.ours, file=sys.stderr)
+            return 2
+    else:
+        upstream = compat.resolve_python(args.upstream) if args.upstream \
+            else compat.find_upstream_python()
+    if mode == "upstream" and (not upstream or not ours):
         print("fuzz: no upstream interpreter (pass --upstream or set "
               "LEAPP_UPSTREAM_PYTHON)", file=sys.stderr)
         return 2
@@ -945,7 +1304,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     try:
         report = run(args.n, args.seed, ours, upstream, workdir, batch=args.batch,
-                     progress=lambda s: print("fuzz: " + s, flush=True))
+                     progress=lambda s: print("fuzz: " + s, flush=True), mode=mode)
         print(summarise(report))
         print("fuzz: %.0fs" % (time.perf_counter() - t0))
         if args.save_cases:

@@ -8,6 +8,11 @@ listed difference's program is run again under both packages to show that it
 still stands, as its entry (our side and upstream's) describes it.  The
 comparison itself is checked without upstream; the run skips without an
 upstream interpreter, as tests/test_compat.py does.
+
+The writers mode (`make fuzz-writers`) runs a few programs through leapp's ONNX
+writer and through torch's exporter (LEAPP_ONNX_WRITER=torch), both this package:
+no difference outside ``fuzz.WRITER_DIFFERENCES`` and no fallback to torch's
+exporter; its comparer is shown to flag a difference in fabricated results.
 """
 
 import os
@@ -224,3 +229,138 @@ def test_fixed_cases_match_upstream(tmp_path):
     summary = fuzz.summarise(report)
     assert report["tried"] == len(programs), summary
     assert report["differences"] == [], "\n" + summary
+
+
+# ---- writers mode: leapp's ONNX writer against torch's exporter ------------------
+# Both sides are this package (no upstream needed): the writer's side as it is, the
+# other with LEAPP_ONNX_WRITER=torch.  Programs drawn so that the run stays near a
+# minute on a loaded 2-core machine (torch's exporter pays its cold start once); the
+# short run adds these (recurrent cells, quaternion maths) to the programs of
+# WRITER_DIFFERENCES (float16 chains, hypot, copysign, indexing, ...).
+WRITERS_SEED = 1
+WRITERS_PROGRAMS = ["w1_0007", "w1_0008"]
+
+
+def test_writers_programs_export_every_node_with_an_onnx_backend():
+    groups = set()
+    for i in range(40):
+        plain, onnx = fuzz.generate(WRITERS_SEED, i), fuzz.generate(WRITERS_SEED, i, writers=True)
+        assert onnx["id"] == "w%d_%04d" % (WRITERS_SEED, i)
+        assert fuzz.program_by_id(onnx["id"])["source"] == onnx["source"]
+        backends = re.findall(r"export_with=('[\w-]+')", onnx["source"])
+        assert backends and {b.strip("'") for b in backends} <= set(fuzz.WRITER_BACKENDS)
+        # the same wiring, passes and annotations: only backends and op groups redrawn
+        redrawn = ("backend:", "group:", "extra_outputs")
+        assert ([f for f in plain["features"] if not f.startswith(redrawn)]
+                == [f for f in onnx["features"] if not f.startswith(redrawn)])
+        compile(onnx["source"], onnx["id"] + ".py", "exec")
+        groups |= {f for f in onnx["features"] if f.startswith("group:")}
+    # the writer's op groups beyond the catalogue are drawn too
+    assert {"group:" + g for g in fuzz.catalogue(writers=True)[1]} <= groups
+
+
+def _writer_side(tmp_path, side, replay, fallbacks=(), producer=None, yaml_text=None):
+    """A fabricated worker record of one side of the writers mode: a bundle YAML and
+    its replay (``replay``: {"step|output": tensor})."""
+    from safetensors.torch import save_file
+    bundle = tmp_path / side / "fz"
+    bundle.mkdir(parents=True)
+    (bundle / "fz.yaml").write_text(yaml_text or "models:\n  n0:\n    md5sum: %s\n"
+                                    "pipeline:\n  nodes: [n0]\n" % ("a" * 32))
+    save_file(replay, str(tmp_path / side / "replay.safetensors"))
+    producer = producer or ("leapp" if side == "writer" else "pytorch")
+    interface = {"opsets": [["", 18]], "inputs": [["a", 1, [2, 3, 4]]],
+                 "outputs": [["main", 1, [2, 3, 4]]], "metadata_props": []}
+    return {"ok": True, "exc_type": None, "message": "", "compile": {"n0": True},
+            "yaml": str(bundle / "fz.yaml"),
+            "replay": {"ok": True, "outputs": sorted({k.split("|")[1] for k in replay})},
+            "onnx": {"n0.onnx": {"producer": producer, "interface": interface}},
+            "fallbacks": [list(f) for f in fallbacks]}
+
+
+def test_writers_comparer_flags_a_real_writer_difference(tmp_path):
+    import torch
+    prog = fuzz.generate(WRITERS_SEED, 0, writers=True)
+    x = torch.linspace(-1, 1, 24).reshape(2, 3, 4)
+    same = {"0|n0/main": x, "1|n0/main": x * 2}
+    a = _writer_side(tmp_path / "same", "writer", same)
+    b = _writer_side(tmp_path / "same", "torch", {k: v.clone() for k, v in same.items()})
+    assert fuzz.compare_program(prog, a, b, mode="writers") == []
+    # one step's output off by more than the tolerance (float16 rounding of 0.5)
+    off = dict(same, **{"1|n0/main": x * 2 + 2e-4})
+    a = _writer_side(tmp_path / "values", "writer", off)
+    b = _writer_side(tmp_path / "values", "torch", same)
+    diffs = fuzz.compare_program(prog, a, b, mode="writers")
+    assert [d["class"] for d in diffs] == ["replay: output values differ"]
+    assert "1|n0/main" in diffs[0]["details"][0]
+    assert fuzz.explain(dict(diffs[0], features=prog["features"])) is None
+    # within the tolerance: the same
+    near = dict(same, **{"1|n0/main": x * 2 + 5e-7})
+    a = _writer_side(tmp_path / "near", "writer", near)
+    b = _writer_side(tmp_path / "near", "torch", same)
+    assert fuzz.compare_program(prog, a, b, mode="writers") == []
+    # a dtype the writer's side changed, a fallback, a YAML line and a producer
+    a = _writer_side(tmp_path / "more", "writer", {k: v.double() for k, v in same.items()},
+                     fallbacks=[("n0", "no ONNX rule for torch.cumprod")], producer="pytorch",
+                     yaml_text="models:\n  n0:\n    md5sum: %s\n    backend: onnx\n"
+                               "pipeline:\n  nodes: [n0]\n" % ("b" * 32))
+    b = _writer_side(tmp_path / "more", "torch", same, producer="leapp")
+    classes = [d["class"] for d in fuzz.compare_program(prog, a, b, mode="writers")]
+    assert classes == ["yaml: text", "fallback: torch.cumprod",
+                       "producer: torch file written by the writer under LEAPP_ONNX_WRITER=torch",
+                       "replay: output dtype/shape differ"], classes
+
+
+def test_writers_comparer_digests_alone_are_no_difference(tmp_path):
+    import torch
+    prog = fuzz.generate(WRITERS_SEED, 0, writers=True)
+    same = {"0|n0/main": torch.ones(2)}
+    a = _writer_side(tmp_path, "writer", same)
+    b = _writer_side(tmp_path, "torch", same, yaml_text="models:\n  n0:\n    md5sum: %s\n"
+                                                        "pipeline:\n  nodes: [n0]\n" % ("c" * 32))
+    assert fuzz.compare_program(prog, a, b, mode="writers") == []
+
+
+def test_every_writer_difference_is_explained_with_a_reason():
+    for entry in fuzz.WRITER_DIFFERENCES:
+        assert entry["reason"] and entry["check"]
+        assert re.fullmatch(r"w\d+_\d+", entry["program"])
+        assert fuzz.case_program(entry["id"])["id"] == entry["program"]
+
+
+def test_short_writers_run_shows_no_unexplained_difference(tmp_path):
+    """A few programs, every node written by leapp's writer on one side and by torch's
+    exporter on the other: same outcome, YAML, interfaces and replayed outputs but for
+    the explained differences, each of which its own program still shows, and no node
+    fell back to torch's exporter on the writer's side."""
+    programs = [fuzz.case_program(e["id"]) for e in fuzz.WRITER_DIFFERENCES]
+    programs += [fuzz.program_by_id(pid) for pid in WRITERS_PROGRAMS]
+    report = fuzz.run_programs(programs, OURS, None, str(tmp_path), batch=len(programs),
+                               timeout=600, seed=WRITERS_SEED, mode="writers")
+    summary = fuzz.summarise(report)
+    assert report["tried"] == len(programs), summary
+    found = report["programs"].values()
+    assert all(report["programs"][pid]["writer"] == "ok" for pid in WRITERS_PROGRAMS), summary
+    assert sum(p["onnx_files"] for p in found) >= len(programs), summary
+    assert [f for p in found for f in p["fallbacks"]] == [], summary
+    assert fuzz.unexplained(report) == [], "\n" + summary
+    shown = {(d["program"], d["explained"]["id"]) for d in report["differences"]}
+    assert shown == {(e["program"], e["id"]) for e in fuzz.WRITER_DIFFERENCES}, summary
+
+
+def test_writer_explanations_are_narrow():
+    """The float16 entry explains a small replay difference of a program with a float16
+    chain, not a large one, nor one in a program without such a chain."""
+    half = fuzz.case_program("float16-rounding-kept")
+    diff = {"check": "replay", "class": "replay: output values differ",
+            "details": ["1|n2/x0 torch.float32: max abs diff 0.0023756"],
+            "sides": list(fuzz.SIDES["writers"]), "features": half["features"],
+            "source": half["source"]}
+    assert fuzz.explain(diff)["id"] == "float16-rounding-kept"
+    large = dict(diff, details=diff["details"] + ["2|n1/main torch.float32: max abs diff 0.5"])
+    assert fuzz.explain(large) is None
+    plain = fuzz.program_by_id(WRITERS_PROGRAMS[1])
+    assert "r['half_chain']" not in plain["source"] and "r['half_add']" not in plain["source"]
+    assert fuzz.explain(dict(diff, features=plain["features"], source=plain["source"])) is None
+    # an upstream-mode difference is never explained by a writer entry
+    assert fuzz.explain(dict(diff, sides=list(fuzz.SIDES["upstream"]))) is None
