@@ -229,6 +229,7 @@ ELEMENTWISE = {
         "log1p_tiny": torch.log1p(x * 1e-9) * 1e9,
         # +inf, -1 and below: inf, -inf, NaN as eager (the accurate form's inf / inf)
         "log1p_edges": torch.log1p(torch.where(x > 0.5, float("inf"), x * 3 - 1)),
+        "log1p_huge": torch.log1p(x.abs() * 1e37 + 3e38 * (x > 1.5)),  # no overflow
         "expm1": torch.expm1(x), "exp2": torch.exp2(x), "abs": abs(x), "sign": x.sign(),
         "sigmoid": torch.sigmoid(x), "tanh": x.tanh()}, [f(4, 5)]),
     "rounding": (lambda x: {"floor": x.floor(), "ceil": torch.ceil(x), "round": x.round(),
@@ -697,7 +698,10 @@ CASTS = {
     "where": (lambda m, x, n: {"w": torch.where(m, x, -x), "scalar": torch.where(m, x, 0.0),
                                "both_scalar": torch.where(m, 1.0, -1.0),
                                "promote": torch.where(m, n, x), "ints": torch.where(m, n, 7),
-                               "half": torch.where(m, x.half(), x.half() * 2)},
+                               "half": torch.where(m, x.half(), x.half() * 2),
+                               # no Where kernel in onnxruntime for these two
+                               "int16": torch.where(m, n.short(), n.short() * 3),
+                               "bool": torch.where(m, x > 0, n > 0)},
               [b(3, 4), f(3, 4), i(3, 4)]),
     "float_tests": (lambda x: {"isnan": torch.isnan(torch.log(x)), "isinf": torch.isinf(1 / x),
                                "isfinite": torch.isfinite(torch.log(x) / x)}, [grid(4, 5)]),

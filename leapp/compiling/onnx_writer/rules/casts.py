@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..emit import Call, Value, rule
-from .common import operand, opmath
+from .common import choose, operand, opmath
 
 
 @rule("to", "type", "type_as")
@@ -98,16 +98,14 @@ def bitwise_not(call: Call) -> str:
 
 @rule("where")
 def where(call: Call) -> str:
-    e = call.e
     cond = call.args[0]
     if len(call.args) < 3 and "input" not in call.kwargs:
         raise call.refuse("where(condition) (data-dependent shape)")
     a, b = call.arg(1, "input"), call.arg(2, "other")
     dtype = call.out.dtype
     c = operand(call, cond, torch.bool)
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    picked = e.op("Where", [c, operand(call, a, work, dtype), operand(call, b, work, dtype)])
-    return e.cast(picked, work, dtype)
+    # booleans and int16 through choose: onnxruntime has no Where kernel for them
+    return choose(call, c, operand(call, a, dtype), operand(call, b, dtype), dtype)
 
 
 @rule("isnan")

@@ -75,3 +75,17 @@ def unary(call: Call, op_type: str, x: Value, **attrs: Any) -> str:
     out = call.out.dtype
     work = opmath(out)
     return finish(call, call.e.op(op_type, [operand(call, x, work)], **attrs), work)
+
+
+def choose(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
+    """Where(cond, a, b) on dtype (reduced floats through float32, int16 through int32:
+    exact both ways; booleans as And / Or: onnxruntime has no Where kernel for them)."""
+    e = call.e
+    if dtype == torch.bool:
+        return e.op("Or", [e.op("And", [cond, a]), e.op("And", [e.op("Not", [cond]), b])])
+    wider = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+             torch.int16: torch.int32}.get(dtype)
+    if wider is not None:
+        picked = e.op("Where", [cond, e.cast(a, dtype, wider), e.cast(b, dtype, wider)])
+        return e.cast(picked, wider, dtype)
+    return e.op("Where", [cond, a, b])

@@ -441,7 +441,6 @@ def nan_to_num(call: Call) -> object:
     return finish(call, v, work)
 
 
-
 def _log1p(call: Call, y: str, work: torch.dtype) -> str:
     """log(1 + y) accurate for small y (ONNX has no Log1p): with u = 1 + y rounded,
     log(u) * y / (u - 1), and y itself where u rounds to 1 (and keeps y's sign of zero)
@@ -449,7 +448,9 @@ def _log1p(call: Call, y: str, work: torch.dtype) -> str:
     e = call.e
     one = e.const(1, work)
     u = e.op("Add", [y, one])
-    ratio = e.op("Div", [e.op("Mul", [e.op("Log", [u]), y]), e.op("Sub", [u, one])])
+    # log(u) * (y / (u - 1)): the quotient stays near 1, where log(u) * y would overflow
+    # for y above about 4e36 (float32) before the division
+    ratio = e.op("Mul", [e.op("Log", [u]), e.op("Div", [y, e.op("Sub", [u, one])])])
     keep = e.op("Or", [e.op("Equal", [u, one]), e.op("Equal", [u, e.const(math.inf, work)])])
     return e.op("Where", [keep, y, ratio])
 

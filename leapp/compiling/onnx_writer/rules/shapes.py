@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..emit import Call, Value, rule
-from .common import norm_dim, operand
+from .common import choose, norm_dim, operand
 from .indexing import advanced
 
 _BIG = 2 ** 63 - 1
@@ -357,21 +357,7 @@ def masked_fill(call: Call) -> str:
     mask = call.arg(1, "mask")
     value = call.arg(2, "value")
     filler = operand(call, value, x.dtype)
-    return _where(call, e.cast(mask.name, mask.dtype, torch.bool), filler, x.name, x.dtype)
-
-
-def _where(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
-    """Where on dtype (reduced floats through float32, int16 through int32: exact both
-    ways; booleans as And / Or: onnxruntime has no Where kernel for them)."""
-    e = call.e
-    if dtype == torch.bool:
-        return e.op("Or", [e.op("And", [cond, a]), e.op("And", [e.op("Not", [cond]), b])])
-    wider = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
-             torch.int16: torch.int32}.get(dtype)
-    if wider is not None:
-        picked = e.op("Where", [cond, e.cast(a, dtype, wider), e.cast(b, dtype, wider)])
-        return e.cast(picked, wider, dtype)
-    return e.op("Where", [cond, a, b])
+    return choose(call, e.cast(mask.name, mask.dtype, torch.bool), filler, x.name, x.dtype)
 
 
 @rule("masked_write")
@@ -379,7 +365,7 @@ def masked_write(call: Call) -> str:
     dest, mask, value = call.args[:3]
     e = call.e
     filler = operand(call, value, dest.dtype)
-    return _where(call, e.cast(mask.name, mask.dtype, torch.bool), filler, dest.name,
+    return choose(call, e.cast(mask.name, mask.dtype, torch.bool), filler, dest.name,
                   dest.dtype)
 
 
@@ -495,7 +481,7 @@ def embed_diagonal(call: Call, x: Value, offset: int, dim1: int, dim2: int) -> s
     source = torch.where(on, rows if offset >= 0 else cols, torch.zeros((), dtype=torch.int64))
     picked = e.op("Gather", [x.name, e.tensor_const(source)], axis=x.rank - 1)
     zero = e.const(False if x.dtype == torch.bool else 0, x.dtype)
-    matrix = _where(call, e.tensor_const(on), picked, zero, x.dtype)
+    matrix = choose(call, e.tensor_const(on), picked, zero, x.dtype)
     perm = [0] * rank
     rest = iter(range(rank - 2))
     for axis in range(rank):
