@@ -170,14 +170,18 @@ def _aten(x):
 
 
 class _ViewWrites(torch.nn.Module):
-    """In-place writes through views (aten.slice, aten.select) and a tensor built from
-    a Python list (aten::tensor) inside TorchScript."""
+    """In-place writes through views (aten.slice, aten.select) and through a detached
+    alias, tensors built from a Python list (aten::tensor, with and without dtype=)
+    inside TorchScript."""
 
     def forward(self, x):
         y = x.clone()
         y[:, 0:2].mul_(2.0)
         y[0].add_(1.0)
-        return y + torch.tensor([1.0, 2.0, 3.0, 4.0])
+        d = y.detach()  # shares y's storage: the write below changes y
+        d[1].mul_(0.5)
+        scale = torch.tensor([1.0, 0.5, 2.0, 3.0], dtype=torch.float64)
+        return y + torch.tensor([1.0, 2.0, 3.0, 4.0]) + scale.float()
 
 
 VIEW_WRITES = torch.jit.script(_ViewWrites())

@@ -183,7 +183,7 @@ def classify(func: Any) -> int:
 
 
 def _classify(func: Any) -> int:
-    name = _name(func)
+    name = _aten_name(func) or _name(func)  # a TorchScript graph's aten.detach.default: 'detach'
     if func is torch.Tensor.__setitem__ or func is torch.Tensor.copy_:
         return OP_OVERWRITE
     guard = conversion_kind(func)  # reads into Python, data-dependent shapes (leapp.tracing.guards)
@@ -195,7 +195,7 @@ def _classify(func: Any) -> int:
         return OP_COPY
     if name == "to":
         return OP_TO
-    if name in _VIEW_NAMES or _aten_name(func) in _VIEW_NAMES:  # aten.view.default: 'view'
+    if name in _VIEW_NAMES:
         return OP_VIEW
     return OP_PLAIN
 

@@ -41,6 +41,14 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 SCRIPT_TYPES = (torch._C.ScriptMethod, torch._C.ScriptFunction)
 
 
+def _as_dtype(value: Any) -> torch.dtype | None:
+    """A TorchScript graph's dtype argument (a ScalarType number, e.g. 7) as a torch.dtype;
+    torch.tensor takes no number.  The aten op converts it."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return torch.ops.aten.empty.memory_format([0], dtype=value).dtype
+
+
 class UnsupportedScript(NotImplementedError):
     """A TorchScript instruction the interpreter cannot trace through."""
 
@@ -197,8 +205,8 @@ class _Interpreter:
             ins[0].append(ins[1])
             self.env[node.output()] = ins[0]
         elif kind == "aten::tensor":  # from Python values: the op takes no Python list
-            self.env[node.output()] = torch.tensor(ins[0], dtype=ins[1], device=ins[2],
-                                                   requires_grad=bool(ins[3]))
+            self.env[node.output()] = torch.tensor(ins[0], dtype=_as_dtype(ins[1]),
+                                                   device=ins[2], requires_grad=bool(ins[3]))
         elif kind == "prim::If":
             blocks = list(node.blocks())
             chosen = blocks[0] if bool(ins[0]) else blocks[1]
