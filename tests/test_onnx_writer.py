@@ -555,7 +555,15 @@ SHAPES = {
         "index": torch.ops.aten.index.Tensor(x, [None, k]),
         "index_last": torch.ops.aten.index.Tensor(x, [None, None, k]),
         "index_consts": torch.ops.aten.index.Tensor(x, [torch.tensor([0, 1]), None,
-                                                        torch.tensor([2, 0])])},
+                                                        torch.tensor([2, 0])]),
+        # a 0-dim index broadcasts (it does not select, as in Python's x[...]): the
+        # separated index dims go to the front, (3, 3) here, not (3, 3) transposed
+        "zero_dim": torch.ops.aten.index.Tensor(x, [k.remainder(2), None, k[0]]),
+        "zero_dim_inner": torch.ops.aten.index.Tensor(  # (3, 3, 2) either way: values differ
+            torch.cat([x, x[:1]]).view(3, 3, 2, 2), [None, k, None, k[0].remainder(2)]),
+        "zero_dim_consts": torch.ops.aten.index.Tensor(
+            torch.cat([x, x[:1]]).view(3, 3, 2, 2),
+            [None, torch.tensor([1, 0, 2]), None, torch.tensor(1)])},
         [f(2, 3, 4), idx(3, 3)]),
     # k: int64 in [-3, 3), n: int32 in [-4, 4) (negative values count from the end),
     # j: int64 in [0, 4); eager's placement: adjacent index dims stay in place, index

@@ -53,9 +53,11 @@ def _wrapped(call: Call, index: Any, size: int) -> str:
     return e.op("Where", [negative, e.op("Add", [name, e.scalar_int(size)]), name])
 
 
-def advanced(call: Call, x: Value, items: list) -> str:
+def advanced(call: Call, x: Value, items: list, zero_dim_selects: bool = True) -> str:
     """x indexed by items (the key with its Ellipsis expanded); refuses what it cannot
-    write with static shapes."""
+    write with static shapes.  A 0-dim integer tensor selects, as Python's x[...] does
+    (zero_dim_selects); aten.index broadcasts it with the other indices instead, which
+    moves them to the front when a slice separates them."""
     e = call.e
     name, shape = x.name, list(x.shape)
     dim = 0
@@ -104,7 +106,8 @@ def advanced(call: Call, x: Value, items: list) -> str:
             continue
         if index.dtype not in _INDEX_DTYPES:
             raise call.refuse(f"an index of dtype {index.dtype}")
-        if (index.dim() if isinstance(index, torch.Tensor) else index.rank) == 0:
+        if zero_dim_selects and (index.dim() if isinstance(index, torch.Tensor)
+                                 else index.rank) == 0:
             # a 0-dim integer tensor selects, as an int would (its dim goes away)
             picked = e.tensor_const(index.to(torch.int64)) if isinstance(index, torch.Tensor) \
                 else _as_int64(call, index)

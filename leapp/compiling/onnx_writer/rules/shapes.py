@@ -634,11 +634,12 @@ def index(call: Call) -> str:
     if not isinstance(x, Value) or not isinstance(indices, (list, tuple)):
         raise call.refuse("indexing a non-tensor or indices that are not a list")
     return _keyed(call, x, tuple(slice(None) if i is None else i for i in indices),
-                  tuple(slice(None) if i is None else i for i in example))
+                  tuple(slice(None) if i is None else i for i in example), aten=True)
 
 
-def _keyed(call: Call, x: Value, key: Any, example_key: Any) -> str:
-    """x[key]; example_key is the key with eager's tensors."""
+def _keyed(call: Call, x: Value, key: Any, example_key: Any, aten: bool = False) -> str:
+    """x[key] (aten: aten.index(x, key), where a 0-dim index broadcasts rather than
+    selects); example_key is the key with eager's tensors."""
     items = _expand_key(key, x.rank)
     if items is not None:
         before = len(call.e.nodes)
@@ -649,10 +650,13 @@ def _keyed(call: Call, x: Value, key: Any, example_key: Any) -> str:
     if _traced_parts(key):  # tensor indices computed from the inputs, with other parts
         if items is None:
             raise call.refuse(f"a key of more parts than the {x.rank} dims of the tensor")
-        return advanced(call, x, items)
+        return advanced(call, x, items, zero_dim_selects=not aten)
     # Any other key: the flat positions it selects (all of it is known here).
     with torch.no_grad():
-        positions = torch.arange(x.example.numel()).reshape(x.shape)[example_key]
+        flat = torch.arange(x.example.numel()).reshape(x.shape)
+        positions = torch.ops.aten.index(flat, [None if isinstance(i, slice) else i
+                                                for i in example_key]) \
+            if aten else flat[example_key]
     return call.e.op("Gather", [call.e.reshape(x.name, (-1,)), call.e.tensor_const(positions)],
                      axis=0)
 
