@@ -84,6 +84,16 @@ def test_wrong_output_count_is_refused():
                        ["x", "h"], ["y"])
 
 
+def _shifted(x: torch.Tensor) -> torch.Tensor:
+    return x[1:] * 2.0
+
+
+def test_a_callable_whose_ops_the_tracer_never_sees_is_refused():
+    """A scripted function runs its graph in C++: its output would be a frozen constant."""
+    with pytest.raises(NotTraceable, match="computed without any op reaching leapp's tracer"):
+        trace_callable("shift", torch.jit.script(_shifted), [torch.zeros(4)], ["x"], ["y"])
+
+
 def test_refused_while_a_session_runs(tmp_path):
     leapp.start("user", save_path=str(tmp_path))
     try:

@@ -9,9 +9,11 @@ session: the session's node registry, configuration, patches and logging stay
 as they were.  It refuses, with :class:`NotTraceable` naming why, whatever would
 make the recorded graph differ from the callable on other inputs: a running
 session (the core's tracing flag belongs to it), a traced value read into Python
-(control flow or a data-dependent size: leapp.tracing.guards asks
-:func:`refuses_guards`), a random op, an output that is not a tensor computed
-from the inputs or a constant.  The caller then takes another way (torch's
+(control flow, a shape read from a data-dependent value: leapp.tracing.guards
+raises for a node whose NodeInfo is private), a random op, an output that is not
+a tensor, or one computed when no op reached the tracer (a scripted function
+runs its graph in C++).  A data-dependent op itself (nonzero) is recorded; the
+writer has no rule for it.  The caller then takes another way (torch's
 exporter) and says so.
 """
 from __future__ import annotations
@@ -30,11 +32,6 @@ from .traced import clone_plain
 
 class NotTraceable(Exception):
     """Why a callable cannot be traced privately into an exact graph."""
-
-
-def refuses_guards(node: _core.Node) -> bool:
-    """Whether a value of node read into Python must raise (a private trace's node)."""
-    return bool(info(node).private)
 
 
 def _flat_outputs(result: Any) -> list[Any]:
@@ -88,6 +85,11 @@ def trace_callable(name: str, fn: Callable[..., Any], inputs: Sequence[torch.Ten
                 raise NotTraceable(f"output {port_name!r} is a {type(out).__name__}, not a "
                                    "tensor")
             carrier = _core.carrier_of(out)
+            if carrier is None and ports and not node.ops:
+                # nothing reached the tracer (a scripted function runs its graph in C++):
+                # a constant here would freeze what the callable computes
+                raise NotTraceable(f"output {port_name!r} was computed without any op "
+                                   "reaching leapp's tracer")
             if carrier is None:  # computed from no input: a constant of the node
                 vids.append(node.bind_const(clone_plain(out)))
             elif carrier.node is not node:

@@ -199,7 +199,11 @@ def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
     except Exception as exc:  # noqa: BLE001  a writer bug must not cost the model
         raise NotWritten(f"the ONNX writer failed: {type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]}") from None
-    problem = _differs_from(fn, model, inputs, written_in)
+    try:
+        problem = _differs_from(fn, model, inputs, written_in)
+    except Exception as exc:  # noqa: BLE001  a model onnxruntime cannot load or run
+        raise NotWritten(f"onnxruntime could not run the written model: "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
     if problem is not None:
         raise NotWritten(f"the written model differs from the callable: {problem}")
     return model

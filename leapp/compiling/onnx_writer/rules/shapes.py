@@ -439,7 +439,6 @@ def trilu(call: Call) -> str:
     return call.e.op("Trilu", [x.name, call.e.scalar_int(k)], upper=upper)
 
 
-
 # ---------------------------------------------------------------------------
 # diagonals: static positions, so a Gather of constant indices (and a Where with a
 # constant mask to build a diagonal matrix: NaN and inf off the diagonal stay out)
