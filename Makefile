@@ -91,9 +91,9 @@ test: build
 #    exact reference and object counts catch.  About a minute.
 # 2. the suite (the command of `make test`, less SANITIZER_SKIPS) with detect_leaks=0: memory
 #    errors and undefined behaviour everywhere, leaks not checked there.
-# Measured on a 2-core machine, .ci/run on a clean clone: 38 minutes in all, of
-# which `make test` 15, the two side matrix environments 4 with their setup, and
-# this target 11 (the sanitized suite less SANITIZER_SKIPS; 1 for part 1).
+# Measured on a 2-core machine, .ci/run on a clean clone: 38 minutes in all
+# (setup and the side matrix environments' installs included), of which the
+# pytest runs of `make test` 15, of the matrix 4, of this target 11.5.
 # LEAPP_SANITIZED=1 tells the tests that measure RSS that ASan's quarantine
 # holds freed memory.  The normal build is restored after.
 SANITIZER_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)
