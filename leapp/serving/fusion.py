@@ -361,30 +361,24 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
     from . import batched as _batched
     from ..bundle import contract as _contract
     from ..running.inference_manager import InferenceManager
-    written: list[str] = []
-    single = build_onnx(the_plan, manager, written=written)
-    _contract.set_onnx(single, contract)
-    save_onnx(single, tmp, out)
-    validate(tmp, manager, steps, rtol, atol, shown=shown)
-    try:
-        batched = _batched.batch_model(single, steps=steps)
-    except _batched.BatchError as exc:
-        if not written:
-            fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
-        # leapp's ONNX writer writes the traced shapes (a flatten as a Reshape to
-        # [1, n]): torch's exporters may keep the robot dimension open
-        logger.warning("The fused model of %s written with leapp's ONNX writer (nodes %s) "
-                       "cannot be batched (%s); converting those nodes with torch's exporter "
-                       "for the batched model", quote(the_plan.pipeline),
-                       ", ".join(quote(n) for n in written), quote(str(exc), 300))
-        single = build_onnx(the_plan, manager, writer=False)
+    for writer in (True, False):
+        written: list[str] = []
+        single = build_onnx(the_plan, manager, writer=writer, written=written)
         _contract.set_onnx(single, contract)
         save_onnx(single, tmp, out)
         validate(tmp, manager, steps, rtol, atol, shown=shown)
         try:
             batched = _batched.batch_model(single, steps=steps)
-        except _batched.BatchError as again:
-            fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {again}")
+            break
+        except _batched.BatchError as exc:
+            if not written:
+                fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
+            # leapp's ONNX writer writes the traced shapes (a flatten as a Reshape to
+            # [1, n]): torch's exporters may keep the robot dimension open
+            logger.warning("The fused model of %s written with leapp's ONNX writer (nodes %s) "
+                           "cannot be batched (%s); converting those nodes with torch's "
+                           "exporter for the batched model", quote(the_plan.pipeline),
+                           ", ".join(quote(n) for n in written), quote(str(exc), 300))
     _contract.set_onnx(batched, contract)
     save_onnx(batched, tmp, out)
     manager.reset()

@@ -85,6 +85,7 @@ def derived_tag(value: Any) -> tuple | None:
     tag = vars(value).get(DERIVED) if type(value) is TracedTensor else None
     return tag if isinstance(tag, tuple) and len(tag) == 3 else None
 
+
 OPEN_NODE_HINT = (
     "\nIf the node is still open from an earlier pass that raised (e.g. a notebook cell run "
     "again after an error), call leapp.start() again to reset the session and rerun.")
