@@ -857,6 +857,127 @@ def test_linear_is_gemm(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# multi-head attention (nn.MultiheadAttention, transformer layers)
+
+torch.manual_seed(2)
+_MHA = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+_MHA_SEQ_FIRST = nn.MultiheadAttention(16, 2).eval()
+_MHA_NO_BIAS = nn.MultiheadAttention(16, 2, bias=False, batch_first=True).eval()
+_MHA_KV_DIMS = nn.MultiheadAttention(16, 2, kdim=6, vdim=10, batch_first=True).eval()
+_MHA_F64 = nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
+_ENCODER = nn.TransformerEncoder(nn.TransformerEncoderLayer(
+    16, 4, dim_feedforward=32, dropout=0.1, batch_first=True), 2,
+    enable_nested_tensor=False).eval()
+_ENCODER_PRE = nn.TransformerEncoderLayer(16, 2, dim_feedforward=24, activation="gelu",
+                                          norm_first=True, batch_first=True).eval()
+_CAUSAL = nn.Transformer.generate_square_subsequent_mask(5)
+
+
+def _first_key_shown(mask):
+    """mask with its first key visible.  Outside a trace, eager's nn.MultiheadAttention
+    without weights takes torch's fused kernel, which gives NaN where every key is
+    hidden; the traced call (the path the bundle exports) gives zeros there, like
+    scaled_dot_product_attention.  The test below covers those rows."""
+    return torch.cat([torch.zeros(mask.shape[0], 1, dtype=torch.bool), mask[:, 1:]], 1)
+
+
+def _mha_one(a, w):
+    return {"out": a, "weights": w} if w is not None else {"out": a}
+
+
+MHA_CASES = {
+    # self-attention, weights averaged over the heads (nn.MultiheadAttention's default)
+    "self": (lambda t: _mha_one(*_MHA(t, t, t)), [f(2, 5, 16)]),
+    "per_head_weights": (lambda t: _mha_one(*_MHA(t, t, t, average_attn_weights=False)),
+                         [f(2, 5, 16)]),
+    # no weights: eager goes through scaled_dot_product_attention
+    "no_weights": (lambda t: _mha_one(*_MHA(t, t, t, need_weights=False)), [f(3, 4, 16)]),
+    "padding_mask": (lambda t, m: _mha_one(*_MHA(t, t, t, key_padding_mask=m)),
+                     [f(2, 5, 16), b(2, 5)]),
+    "padding_mask_no_weights": (
+        lambda t, m: _mha_one(*_MHA(t, t, t, key_padding_mask=_first_key_shown(m),
+                                    need_weights=False)), [f(2, 5, 16), b(2, 5)]),
+    "additive_padding": (lambda t, m: _mha_one(*_MHA(t, t, t, key_padding_mask=m)),
+                         [f(2, 5, 16), f(2, 5)]),
+    "bool_attn_mask": (lambda t, m: _mha_one(*_MHA(t, t, t, attn_mask=m)),
+                       [f(2, 5, 16), b(5, 5)]),
+    "float_attn_mask_3d": (lambda t, m: _mha_one(*_MHA(t, t, t, attn_mask=m,
+                                                      need_weights=False)),
+                           [f(2, 5, 16), f(8, 5, 5)]),
+    "both_masks": (lambda t, m, k: _mha_one(*_MHA(t, t, t, attn_mask=m, key_padding_mask=k)),
+                   [f(2, 5, 16), f(5, 5), f(2, 5)]),
+    "causal": (lambda t: _mha_one(*_MHA(t, t, t, attn_mask=_CAUSAL, is_causal=True,
+                                        need_weights=False)), [f(2, 5, 16)]),
+    "causal_with_weights": (lambda t: _mha_one(*_MHA(t, t, t, attn_mask=_CAUSAL,
+                                                     is_causal=True)), [f(2, 5, 16)]),
+    # cross-attention: key is value (one packed product), then three different tensors
+    "cross": (lambda q, kv: _mha_one(*_MHA(q, kv, kv)), [f(2, 3, 16), f(2, 6, 16)]),
+    "three_tensors": (lambda q, k, v: _mha_one(*_MHA(q, k, v, need_weights=False)),
+                      [f(2, 3, 16), f(2, 6, 16), f(2, 6, 16)]),
+    "kv_dims": (lambda q, k, v: _mha_one(*_MHA_KV_DIMS(q, k, v)),
+                [f(2, 3, 16), f(2, 4, 6), f(2, 4, 10)]),
+    "sequence_first": (lambda t: _mha_one(*_MHA_SEQ_FIRST(t, t, t)), [f(5, 2, 16)]),
+    "unbatched": (lambda t, m: _mha_one(*_MHA(t, t, t, key_padding_mask=m)),
+                  [f(5, 16), b(5)]),
+    "unbatched_per_head": (lambda t: _mha_one(*_MHA(t, t, t, average_attn_weights=False)),
+                           [f(5, 16)]),
+    "no_bias": (lambda t: _mha_one(*_MHA_NO_BIAS(t, t, t)), [f(2, 5, 16)]),
+    "float64": (lambda t: _mha_one(*_MHA_F64(t, t, t)), [f(2, 3, 8, dtype=torch.float64)]),
+    # transformer layers in evaluation: their attention is the rule above
+    "encoder": (lambda t, m: {"out": _ENCODER(t, src_key_padding_mask=_first_key_shown(m))},
+                [f(2, 5, 16), b(2, 5)]),
+    "encoder_norm_first": (lambda t: {"out": _ENCODER_PRE(t)}, [f(2, 5, 16)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MHA_CASES))
+def test_multi_head_attention(tmp_path, case):
+    fn, specs = MHA_CASES[case]
+    model = check_case(tmp_path, fn, specs, rtol=1e-4, atol=1e-5)
+    assert "Softmax" in {n.op_type for n in model.graph.node}
+
+
+def _traced_path(t, mask, need_weights):
+    """F.multi_head_attention_forward as nn.MultiheadAttention calls it in a trace."""
+    s = t.transpose(0, 1)
+    out, weights = F.multi_head_attention_forward(
+        s, s, s, 16, 4, _MHA.in_proj_weight, _MHA.in_proj_bias, None, None, False, 0.0,
+        _MHA.out_proj.weight, _MHA.out_proj.bias, training=False,
+        key_padding_mask=torch.zeros(mask.shape).masked_fill(mask, float("-inf")),
+        need_weights=need_weights)
+    return out.transpose(0, 1), weights
+
+
+def test_a_padding_mask_hiding_every_key_gives_the_traced_nans_and_zeros(tmp_path):
+    """Every key of robot 1 masked: the weights path gives NaN rows, the
+    scaled_dot_product_attention path zeros (then the output projection's bias)."""
+    def fn(t, m):
+        a, w = _MHA(t, t, t, key_padding_mask=m)
+        a2, _ = _MHA(t, t, t, key_padding_mask=m, need_weights=False)
+        return {"a": a, "w": w, "a2": a2}
+    mask = torch.tensor([[False, True, False], [True, True, True]])
+    t = torch.randn(2, 3, 16)
+    node = trace_node(tmp_path, fn, [t, mask])
+    got = run_model(write_node(node), {"in0": t, "in1": mask})
+    with torch.no_grad():
+        a, w = _traced_path(t, mask, True)
+        want = {"a": a, "w": w, "a2": _traced_path(t, mask, False)[0]}
+    assert torch.isnan(want["w"][1]).all() and not torch.isnan(want["a2"]).any()
+    for (key, expected), actual in zip(want.items(), got):
+        torch.testing.assert_close(torch.from_numpy(actual), expected, rtol=1e-4, atol=1e-5,
+                                   equal_nan=True, msg=lambda m: f"{key}: {m}")
+
+
+def test_multi_head_attention_in_float16_is_refused(tmp_path):
+    """Eager rounds every step to float16; the rule computes in float32 or float64 only."""
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).half().eval()
+    node = trace_node(tmp_path, lambda t: {"y": mha(t, t, t)[0]},
+                      [torch.randn(1, 3, 8).half()])
+    with pytest.raises(onnx_writer.NoRule, match="multi-head attention in torch.float16"):
+        write_node(node)
+
+
+# ---------------------------------------------------------------------------
 # recurrent cells
 
 torch.manual_seed(1)

@@ -1,5 +1,5 @@
 """The op rules, one module per family; importing this package registers them all."""
 from __future__ import annotations
 
-from . import (activations, casts, elementwise, linalg, recurrent,  # noqa: F401
+from . import (activations, attention, casts, elementwise, linalg, recurrent,  # noqa: F401
                reductions, shapes)

@@ -65,6 +65,14 @@ def dims_arg(d: Any, rank: int) -> list[int] | None:
     return [norm_dim(int(d), rank)]
 
 
+def float_work(call: Call) -> torch.dtype:
+    """Eager's computation type of a floating result (a call with any other is refused)."""
+    work = opmath(call.out.dtype)
+    if not work.is_floating_point:
+        raise call.refuse(f"a result of dtype {call.out.dtype}")
+    return work
+
+
 def finish(call: Call, name: str, computed: torch.dtype) -> str:
     """name (computed in `computed`) cast to eager's result type."""
     return call.e.cast(name, computed, call.out.dtype)

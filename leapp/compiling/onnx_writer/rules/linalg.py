@@ -1,26 +1,19 @@
 """Linear algebra and network layers: matmul family, linear (Gemm on 2-D inputs),
 einsum, cross, normalisations (layer, batch in eval, group, F.normalize as
 x / max(‖x‖, eps)), convolutions, pooling, nearest/linear interpolation and
-embedding lookups."""
+embedding lookups.  Attention is in `attention`."""
 from __future__ import annotations
 
 import torch
 
 from ..emit import Call, Value, rule
-from .common import finish, norm_dim, operand, opmath
+from .common import finish, float_work, norm_dim, operand, opmath
 from .reductions import vector_norm
-
-
-def _float_work(call: Call) -> torch.dtype:
-    work = opmath(call.out.dtype)
-    if not work.is_floating_point:
-        raise call.refuse(f"a result of dtype {call.out.dtype}")
-    return work
 
 
 @rule("matmul", "mm", "bmm", "operator.matmul", "__matmul__")
 def matmul(call: Call) -> str:
-    work = _float_work(call)
+    work = float_work(call)
     a = operand(call, call.args[0], work)
     b = operand(call, call.arg(1, "other", call.kwargs.get("mat2")), work)
     return finish(call, call.e.op("MatMul", [a, b]), work)
@@ -29,7 +22,7 @@ def matmul(call: Call) -> str:
 @rule("linear")
 def linear(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     weight = call.arg(1, "weight")
     bias = call.arg(2, "bias")
@@ -51,7 +44,7 @@ def linear(call: Call) -> str:
 @rule("addmm")
 def addmm(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     beta = call.kwargs.get("beta", 1)
     alpha = call.kwargs.get("alpha", 1)
     c = operand(call, call.args[0], work)
@@ -72,7 +65,7 @@ def outer(call: Call) -> str:
 @rule("dot", "inner", "vdot")
 def dot(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     a = operand(call, call.args[0], work)
     b = operand(call, call.arg(1, "other"), work)
     if call.args[0].rank == 1:
@@ -88,7 +81,7 @@ def einsum(call: Call) -> str:
         operands = list(operands[0])
     if not isinstance(equation, str) or not all(isinstance(o, Value) for o in operands):
         raise call.refuse("einsum with a sublist form")
-    work = _float_work(call)
+    work = float_work(call)
     names = [operand(call, o, work) for o in operands]
     return finish(call, call.e.op("Einsum", names, equation=equation.replace(" ", "")), work)
 
@@ -124,7 +117,7 @@ rule("linalg_cross")(cross)
 @rule("layer_norm")
 def layer_norm(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     shape = call.arg(1, "normalized_shape")
     shape = [shape] if isinstance(shape, int) else list(shape)
@@ -152,7 +145,7 @@ def layer_norm(call: Call) -> str:
 @rule("batch_norm")
 def batch_norm(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     mean, var = call.arg(1, "running_mean"), call.arg(2, "running_var")
     weight, bias = call.arg(3, "weight"), call.arg(4, "bias")
@@ -173,7 +166,7 @@ def batch_norm(call: Call) -> str:
 @rule("group_norm")
 def group_norm(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     groups = int(call.arg(1, "num_groups"))
     weight, bias = call.arg(2, "weight"), call.arg(3, "bias")
@@ -196,7 +189,7 @@ def group_norm(call: Call) -> str:
 @rule("normalize")
 def normalize(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     p = float(call.arg(1, "p", 2.0))
     dim = norm_dim(int(call.arg(2, "dim", 1)), x.rank)
@@ -215,7 +208,7 @@ def _tuple(value: object, n: int) -> list[int]:
 
 def _conv(call: Call, n: int, transposed: bool) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x, weight = call.args[0], call.arg(1, "weight")
     bias = call.arg(2, "bias")
     stride = _tuple(call.arg(3, "stride", 1), n)
@@ -266,7 +259,7 @@ rule("conv_transpose3d")(lambda call: _conv(call, 3, True))
 
 def _pool(call: Call, n: int, op_type: str) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     kernel = _tuple(call.arg(1, "kernel_size"), n)
     stride = call.arg(2, "stride")
@@ -305,7 +298,7 @@ rule("avg_pool3d")(lambda call: _pool(call, 3, "AveragePool"))
 
 def _adaptive(call: Call, n: int, op_type: str) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     size = list(x.shape[-n:])
     out = list(call.out.shape[-n:])
@@ -341,7 +334,7 @@ def adaptive_max(call: Call) -> str:
 @rule("interpolate", "upsample")
 def interpolate(call: Call) -> str:
     e = call.e
-    work = _float_work(call)
+    work = float_work(call)
     x = call.args[0]
     mode = call.kwargs.get("mode", call.args[3] if len(call.args) > 3 else "nearest")
     align = call.kwargs.get("align_corners")
@@ -386,41 +379,3 @@ def embedding(call: Call) -> str:
     idx = e.cast(index.name, index.dtype, torch.int64)
     return e.op("Gather", [weight.name if isinstance(weight, Value) else
                            e.tensor_const(weight), idx], axis=0)
-
-
-@rule("scaled_dot_product_attention")
-def scaled_dot_product_attention(call: Call) -> str:
-    """softmax(q·kᵀ·scale + mask)·v, the causal mask as a constant; no dropout."""
-    e = call.e
-    work = _float_work(call)
-    q, k, v = call.args[0], call.arg(1, "key"), call.arg(2, "value")
-    mask = call.arg(3, "attn_mask")
-    if float(call.arg(4, "dropout_p", 0.0)) != 0.0:
-        raise call.refuse("attention dropout")
-    causal = bool(call.arg(5, "is_causal", False))
-    scale = call.kwargs.get("scale")
-    if call.kwargs.get("enable_gqa"):
-        raise call.refuse("grouped-query attention")
-    d = q.shape[-1]
-    scale = 1.0 / (d ** 0.5) if scale is None else float(scale)
-    qv, kv, vv = (operand(call, t, work) for t in (q, k, v))
-    perm = list(range(k.rank))
-    perm[-1], perm[-2] = perm[-2], perm[-1]
-    scores = e.op("Mul", [e.op("MatMul", [qv, e.op("Transpose", [kv], perm=perm)]),
-                          e.const(scale, work)])
-    length, source = q.shape[-2], k.shape[-2]
-    if causal:
-        allowed = torch.ones(length, source, dtype=torch.bool).tril()
-        bias = torch.zeros(length, source, dtype=work).masked_fill(~allowed, float("-inf"))
-        scores = e.op("Add", [scores, e.tensor_const(bias)])
-    if mask is not None:
-        if isinstance(mask, Value) and mask.dtype == torch.bool:
-            scores = e.op("Where", [mask.name, scores, e.const(float("-inf"), work)])
-        else:
-            scores = e.op("Add", [scores, operand(call, mask, work)])
-    weights = e.op("Softmax", [scores], axis=-1)
-    if causal or mask is not None:  # a row with every key masked gives zeros, as eager
-        top = e.reduce("ReduceMax", scores, [q.rank - 1], True)
-        empty = e.op("Equal", [top, e.const(float("-inf"), work)])
-        weights = e.op("Where", [empty, e.const(0.0, work), weights])
-    return finish(call, e.op("MatMul", [weights, vv]), work)
