@@ -818,6 +818,17 @@ LAYERS = {
                                   "adaptive": F.adaptive_avg_pool2d(img, (2, 2)),
                                   "global": F.adaptive_avg_pool2d(img, 1),
                                   "max1d": F.max_pool1d(seq, 2)}, [f(1, 3, 8, 8), f(1, 3, 16)]),
+    # output sizes that do not divide the input: overlapping windows of two widths
+    "adaptive_pooling": (lambda img, seq, vol: {
+        "avg_11_to_2": F.adaptive_avg_pool2d(img, (2, 2)),
+        "avg_11_to_3x4": F.adaptive_avg_pool2d(img, (3, 4)),
+        "avg_one_axis": F.adaptive_avg_pool2d(img, (5, None)),
+        "avg_unbatched": F.adaptive_avg_pool2d(img[0], 3),
+        "avg_1d": F.adaptive_avg_pool1d(seq, 3),
+        "avg_3d": F.adaptive_avg_pool3d(vol, (2, 3, 2)),
+        "max_11_to_3x4": F.adaptive_max_pool2d(img, (3, 4)),
+        "max_1d": F.adaptive_max_pool1d(seq, 4)},
+        [f(2, 3, 11, 11), f(1, 2, 10), f(1, 2, 5, 4, 3)]),
     "interpolate": (lambda img: {"nearest": F.interpolate(img, scale_factor=2.0),
                                  "size": F.interpolate(img, size=(5, 7)),
                                  "bilinear": F.interpolate(img, size=(6, 10), mode="bilinear"),
@@ -842,6 +853,47 @@ LAYERS = {
 def test_linear_algebra_and_layers(tmp_path, case):
     fn, specs = LAYERS[case]
     check_case(tmp_path, fn, specs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["first", "inside", "last"])
+def test_max_pooling_keeps_eagers_nan(tmp_path, where):
+    """A NaN anywhere in a window makes its max NaN, as eager's (onnxruntime's MaxPool
+    only sees one that comes first); the same for the adaptive and global forms."""
+    def fn(img, seq):
+        return {"pool": F.max_pool2d(img, 2), "strided": F.max_pool2d(img, 3, 2, 1),
+                "pool1d": F.max_pool1d(seq, 3), "adaptive": F.adaptive_max_pool2d(img, 3),
+                "dividing": F.adaptive_max_pool2d(img, 2), "global": F.adaptive_max_pool2d(img, 1),
+                "overlapping": F.adaptive_max_pool2d(img, (4, 5))}
+    img, seq = torch.randn(1, 2, 6, 6), torch.randn(1, 2, 9)
+    node = trace_node(tmp_path, fn, [img, seq])
+    model = write_node(node)
+    at = {"first": 0, "inside": 1, "last": 2}[where]
+    img[0, 1, at, at] = img[0, 0, 4, 5] = seq[0, 1, at] = float("nan")
+    got = run_model(model, {"in0": img, "in1": seq})
+    want = fn(img, seq)
+    for (key, expected), actual in zip(want.items(), got):
+        assert torch.isnan(expected).any(), key
+        assert torch.equal(torch.nan_to_num(torch.from_numpy(actual), 7.0),
+                           torch.nan_to_num(expected, 7.0)), key
+
+
+def test_adaptive_average_pooling_keeps_eagers_nan_and_float16(tmp_path):
+    """Non-dividing windows: a NaN reaches the mean of each window holding it; float16
+    averages are computed in float32 and rounded once, as eager's."""
+    def fn(img, half):
+        return {"avg": F.adaptive_avg_pool2d(img, 2), "half": F.adaptive_avg_pool2d(half, (3, 2))}
+    img = torch.randn(1, 2, 7, 5)
+    half = torch.randn(1, 2, 7, 5).half()
+    node = trace_node(tmp_path, fn, [img, half])
+    model = write_node(node)
+    img[0, 1, 3, 2] = float("nan")
+    got = run_model(model, {"in0": img, "in1": half})
+    want = fn(img, half)
+    assert torch.isnan(want["avg"]).any()
+    for (key, expected), actual in zip(want.items(), got):
+        actual = torch.from_numpy(actual)
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
 def test_layer_norm_at_opset_14(tmp_path):

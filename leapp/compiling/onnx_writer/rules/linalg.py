@@ -4,6 +4,8 @@ x / max(‖x‖, eps)), convolutions, pooling, nearest/linear interpolation and
 embedding lookups.  Attention is in `attention`."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..emit import Call, Value, rule
@@ -257,6 +259,15 @@ rule("conv_transpose2d")(lambda call: _conv(call, 2, True))
 rule("conv_transpose3d")(lambda call: _conv(call, 3, True))
 
 
+def _nan_sticky_max(call: Call, x: str, work: torch.dtype, op_type: str, **attrs: Any) -> str:
+    """MaxPool / GlobalMaxPool with eager's NaN: onnxruntime's skips a NaN that is not
+    first in its window, eager's max is NaN wherever its window holds one."""
+    e = call.e
+    seen = e.op(op_type, [e.cast(e.op("IsNaN", [x]), torch.bool, work)], **attrs)
+    return e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work),
+                          e.op(op_type, [x], **attrs)])
+
+
 def _pool(call: Call, n: int, op_type: str) -> str:
     e = call.e
     work = float_work(call)
@@ -281,8 +292,11 @@ def _pool(call: Call, n: int, op_type: str) -> str:
     xv = operand(call, x, work)
     if unbatched:
         xv = e.unsqueeze(xv, [0])
-    name = e.op(op_type, [xv], kernel_shape=kernel, strides=stride, pads=pad + pad,
-                ceil_mode=int(ceil_mode), **attrs)
+    attrs.update(kernel_shape=kernel, strides=stride, pads=pad + pad, ceil_mode=int(ceil_mode))
+    if op_type == "MaxPool":
+        name = _nan_sticky_max(call, xv, work, "MaxPool", **attrs)
+    else:
+        name = e.op(op_type, [xv], **attrs)
     if unbatched:
         name = e.squeeze(name, [0])
     return finish(call, name, work)
@@ -296,6 +310,36 @@ rule("avg_pool2d")(lambda call: _pool(call, 2, "AveragePool"))
 rule("avg_pool3d")(lambda call: _pool(call, 3, "AveragePool"))
 
 
+def _windows(size: int, out: int) -> list[tuple[int, int]]:
+    """Adaptive pooling's window of each output index: [floor(i*size/out),
+    ceil((i+1)*size/out)) (overlapping where out does not divide size)."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def _window_counts(size: list[int], out: list[int]) -> torch.Tensor:
+    """Elements in each output's window, shape out."""
+    counts = torch.ones(out, dtype=torch.float64)
+    for k, (s, o) in enumerate(zip(size, out)):
+        widths = torch.tensor([hi - lo for lo, hi in _windows(s, o)], dtype=torch.float64)
+        counts = counts * widths.reshape([o if j == k else 1 for j in range(len(out))])
+    return counts
+
+
+def _adaptive_windows(call: Call, x: str, size: list[int], out: list[int],
+                      reduce_op: str) -> str:
+    """Each window reduced axis by axis (a sum or a max over a box is one over each of
+    its axes in turn), the outputs of an axis concatenated."""
+    e = call.e
+    rank = len(size) + 2
+    for k, (s, o) in enumerate(zip(size, out)):
+        axis = rank - len(size) + k
+        parts = [e.reduce(reduce_op, e.op("Slice", [x, e.ints([lo]), e.ints([hi]),
+                                                    e.ints([axis])]), [axis], True)
+                 for lo, hi in _windows(s, o)]
+        x = e.op("Concat", parts, axis=axis) if len(parts) > 1 else parts[0]
+    return x
+
+
 def _adaptive(call: Call, n: int, op_type: str) -> str:
     e = call.e
     work = float_work(call)
@@ -306,13 +350,25 @@ def _adaptive(call: Call, n: int, op_type: str) -> str:
     unbatched = x.rank == n + 1
     if unbatched:
         xv = e.unsqueeze(xv, [0])
-    if out == [1] * n:
+    if out == [1] * n and op_type == "MaxPool":
+        name = _nan_sticky_max(call, xv, work, "GlobalMaxPool")
+    elif out == [1] * n:
         name = e.op("Global" + op_type, [xv])
     elif all(s % o == 0 for s, o in zip(size, out)):
         kernel = [s // o for s, o in zip(size, out)]
-        name = e.op(op_type, [xv], kernel_shape=kernel, strides=kernel)
+        if op_type == "MaxPool":
+            name = _nan_sticky_max(call, xv, work, op_type, kernel_shape=kernel, strides=kernel)
+        else:
+            name = e.op(op_type, [xv], kernel_shape=kernel, strides=kernel)
     else:
-        raise call.refuse("an output size that does not divide the input")
+        if op_type == "AveragePool":
+            name = e.op("Div", [_adaptive_windows(call, xv, size, out, "ReduceSum"),
+                                e.tensor_const(_window_counts(size, out).to(work))])
+        else:  # ReduceMax passes over NaN; eager's max is NaN where its window holds one
+            nan = e.cast(e.op("IsNaN", [xv]), torch.bool, work)
+            seen = _adaptive_windows(call, nan, size, out, "ReduceMax")
+            name = e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work),
+                                  _adaptive_windows(call, xv, size, out, "ReduceMax")])
     if unbatched:
         name = e.squeeze(name, [0])
     return finish(call, name, work)
