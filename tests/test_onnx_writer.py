@@ -306,6 +306,59 @@ def test_integer_wraparound(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# special values: NaN, infinities, huge numbers, as eager gives them
+
+_SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, 1.0, -1.0, 2.5, -0.5, 1e30, -3e25]
+
+
+def _pairs():
+    """Every pair of special values: y down the rows, x along the columns."""
+    v = torch.tensor(_SPECIAL)
+    return v[:, None].expand(len(v), len(v)).contiguous(), v[None, :].expand(len(v), len(v))
+
+
+SPECIAL_CASES = {
+    "atan2": lambda y, x: {"atan2": torch.atan2(y, x)},
+    "hypot": lambda y, x: {"hypot": torch.hypot(y, x)},
+    "clamp": lambda y, x: {"min": torch.clamp(y, min=0.1), "max": y.clamp(max=-0.2),
+                           "both": y.clamp(-0.5, 0.5), "clamp_min": y.clamp_min(0.0),
+                           "clamp_max": y.clamp_max(1.0), "tensor": torch.clamp(y, min=x)},
+    "sign_pow0": lambda y, x: {"sign": torch.sign(y), "sgn": y.sgn(), "pow0": y ** 0},
+    "extremes": lambda y, x: {"max": x.max(), "max_dim": x.max(dim=1).values,
+                              "max_idx": x.max(dim=1).indices, "min_dim": x.min(0)[0],
+                              "min_idx": x.min(0)[1], "amax": x.amax(1), "amin": x.amin(-1),
+                              "argmax": x.argmax(1), "argmin": x.argmin(dim=0, keepdim=True),
+                              "argmax_all": x.argmax(), "norm_inf": torch.linalg.vector_norm(
+                                  x, float("inf"), dim=1),
+                              "norm_neg_inf": torch.linalg.vector_norm(x, float("-inf"), dim=0)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL_CASES))
+def test_special_values_as_eager(tmp_path, case):
+    """NaN stays NaN, infinities and huge values come out as eager's, and indices point
+    where eager's do (a NaN first).  Signed zeros aside: onnxruntime's Where drops the
+    sign of a -0.0 it selects (docs/compatibility.md)."""
+    fn = SPECIAL_CASES[case]
+    y, x = _pairs()
+    rows = torch.tensor(_SPECIAL[3:] + _SPECIAL[:3])  # extremes: NaN in some rows only
+    x = torch.where(torch.eye(len(rows), dtype=torch.bool), rows[:, None], x * 0 + rows) \
+        if case == "extremes" else x
+    node = trace_node(tmp_path, fn, [torch.randn(y.shape), torch.randn(x.shape)])
+    got = run_model(write_node(node), {"in0": y, "in1": x})
+    want = _as_dict(fn(y, x))
+    for (key, expected), actual in zip(want.items(), got):
+        actual = torch.from_numpy(np.array(actual))
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, key
+        if not expected.dtype.is_floating_point:
+            assert torch.equal(actual, expected), (key, actual, expected)
+            continue
+        assert torch.equal(torch.isnan(actual), torch.isnan(expected)), (key, actual, expected)
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0, equal_nan=True,
+                                   msg=lambda m: f"{key}: {m}")
+
+
+# ---------------------------------------------------------------------------
 # activations
 
 ACTIVATIONS = {

@@ -167,9 +167,8 @@ def _power(call: Call, base: object, exponent: object) -> str:
                 return finish(call, e.op("Reciprocal", [x]), work)
             if exponent == -2:
                 return finish(call, e.op("Reciprocal", [e.op("Mul", [x, x])]), work)
-        if exponent == 0:
-            return finish(call, e.op("Add", [e.op("Mul", [x, e.const(0, work)]),
-                                             e.const(1, work)]), work)
+        if exponent == 0:  # ones, NaN and inf included, as eager's
+            return finish(call, e.op("Expand", [e.const(1, work), e.op("Shape", [x])]), work)
     return _binary(call, "Pow", base, exponent)
 
 
@@ -291,13 +290,19 @@ rule("frac")(_rounding("Frac"))
 def sign(call: Call) -> object:
     if call.out.dtype == torch.bool:
         return call.args[0]
-    return unary(call, "Sign", call.args[0])
+    if not call.out.dtype.is_floating_point:
+        return unary(call, "Sign", call.args[0])
+    e = call.e
+    work = opmath(call.out.dtype)
+    x = operand(call, call.args[0], work)
+    signed = e.op("Where", [e.op("IsNaN", [x]), e.const(0, work), e.op("Sign", [x])])
+    return finish(call, signed, work)  # eager's sign of NaN is 0
 
 
 @rule("atan2", "arctan2")
 def atan2(call: Call) -> str:
-    """atan(y / x) moved to the right quadrant, with eager's signed zeros: the sign of
-    a zero is read as the sign of its reciprocal (1 / -0 = -inf)."""
+    """atan(y / x) moved to the right quadrant, with eager's signed zeros (the sign of
+    a zero read as the sign of its reciprocal: 1 / -0 = -inf) and infinities."""
     e = call.e
     work = opmath(call.out.dtype)
     y = operand(call, call.args[0], work)
@@ -305,15 +310,20 @@ def atan2(call: Call) -> str:
     zero = e.const(0, work)
     pi = e.const(math.pi, work)
     base = e.op("Atan", [e.op("Div", [y, x])])
-    y_neg = e.op("Less", [e.op("Reciprocal", [y]), zero])
-    x_neg = e.op("Less", [e.op("Reciprocal", [x]), zero])
+    y_neg = e.op("Or", [e.op("Less", [y, zero]), e.op("Less", [e.op("Reciprocal", [y]), zero])])
+    x_neg = e.op("Or", [e.op("Less", [x, zero]), e.op("Less", [e.op("Reciprocal", [x]), zero])])
     shifted = e.op("Where", [y_neg, e.op("Sub", [base, pi]), e.op("Add", [base, pi])])
     off_axis = e.op("Where", [e.op("Less", [x, zero]), shifted, base])
     origin = e.op("Where", [x_neg, e.op("Where", [y_neg, e.op("Neg", [pi]), pi]), y])
     vertical = e.op("Where", [y_neg, e.const(-math.pi / 2, work), e.const(math.pi / 2, work)])
     on_axis = e.op("Where", [e.op("Equal", [y, zero]), origin, vertical])
     result = e.op("Where", [e.op("Equal", [x, zero]), on_axis, off_axis])
-    return finish(call, result, work)
+    corner = e.op("Where", [x_neg, e.const(3 * math.pi / 4, work), e.const(math.pi / 4, work)])
+    corner = e.op("Where", [y_neg, e.op("Neg", [corner]), corner])  # both infinite: inf / inf
+    both_infinite = e.op("And", [e.op("IsInf", [y]), e.op("IsInf", [x])])
+    result = e.op("Where", [both_infinite, corner, result])
+    nan = e.op("Or", [e.op("IsNaN", [y]), e.op("IsNaN", [x])])  # (the branches test y == 0)
+    return finish(call, e.op("Where", [nan, e.const(float("nan"), work), result]), work)
 
 
 def _bound(call: Call, x: str, bound: object, op_type: str, work: torch.dtype) -> str:
@@ -327,7 +337,8 @@ def clamp(call: Call) -> str:
     x = operand(call, call.args[0], work)
     if low is None and high is None:
         raise call.refuse("clamp without bounds")
-    scalar = all(b is None or isinstance(b, (int, float)) for b in (low, high))
+    # Clip with one bound left out clips at the type's largest finite value (inf -> max)
+    scalar = all(isinstance(b, (int, float)) for b in (low, high))
     if scalar and work in (torch.float32, torch.float64, torch.int32, torch.int64):
         inputs = [x, operand(call, low, work) if low is not None else "",
                   operand(call, high, work) if high is not None else ""]
@@ -406,8 +417,13 @@ def hypot(call: Call) -> str:
     work = opmath(call.out.dtype)
     a = operand(call, call.args[0], work)
     b = operand(call, call.arg(1, "other"), work)
-    return finish(call, e.op("Sqrt", [e.op("Add", [e.op("Mul", [a, a]), e.op("Mul", [b, b])])]),
-                  work)
+    # squares of float32 overflow from 1.8e19; in float64 they are exact and cannot
+    wide = torch.float64
+    a2, b2 = e.cast(a, work, wide), e.cast(b, work, wide)
+    root = e.op("Sqrt", [e.op("Add", [e.op("Mul", [a2, a2]), e.op("Mul", [b2, b2])])])
+    infinite = e.op("Or", [e.op("IsInf", [a]), e.op("IsInf", [b])])  # hypot(inf, NaN) = inf
+    return finish(call, e.op("Where", [infinite, e.const(float("inf"), work),
+                                       e.cast(root, wide, work)]), work)
 
 
 @rule("copysign")

@@ -18,6 +18,32 @@ def _dim_keep(call: Call, dim_index: int = 1) -> tuple[list[int] | None, bool]:
     return dims_arg(dim, x.rank), keep
 
 
+def extreme(call: Call, op_type: str, v: str, axes: list[int] | None, keep: bool,
+            work: torch.dtype) -> str:
+    """ReduceMax / ReduceMin with eager's NaN: onnxruntime's pass over a NaN, eager's
+    extreme is NaN wherever the reduced values hold one."""
+    e = call.e
+    reduced = e.reduce(op_type, v, axes, keep)
+    if not work.is_floating_point:
+        return reduced
+    seen = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [v]), torch.bool, work), axes, keep)
+    return e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work), reduced])
+
+
+def extreme_index(call: Call, arg_op: str, v: str, axis: int, keep: bool,
+                  work: torch.dtype) -> str:
+    """ArgMax / ArgMin, first index on ties, with eager's NaN: the first NaN's index
+    wherever the values hold one (onnxruntime's would skip it)."""
+    e = call.e
+    index = e.op(arg_op, [v], axis=axis, keepdims=int(keep), select_last_index=0)
+    if not work.is_floating_point:
+        return index
+    nan = e.cast(e.op("IsNaN", [v]), torch.bool, torch.int32)
+    first_nan = e.op("ArgMax", [nan], axis=axis, keepdims=int(keep), select_last_index=0)
+    seen = e.cast(e.reduce("ReduceMax", nan, [axis], keep), torch.int32, torch.bool)
+    return e.op("Where", [seen, first_nan, index])
+
+
 def _plain(op_type: str, integer_result: bool = False):  # noqa: ANN202
     def apply(call: Call) -> str:
         x = call.args[0]
@@ -28,6 +54,8 @@ def _plain(op_type: str, integer_result: bool = False):  # noqa: ANN202
         v = operand(call, x, work)
         if x.rank == 0:
             return finish(call, call.e.op("Identity", [v]), work)
+        if op_type in ("ReduceMax", "ReduceMin"):
+            return finish(call, extreme(call, op_type, v, axes, keep, work), work)
         return finish(call, call.e.reduce(op_type, v, axes, keep), work)
     return apply
 
@@ -53,16 +81,15 @@ def _min_max(op_type: str, arg_op: str, binary_op: str):  # noqa: ANN202
         if other is None:  # the whole tensor
             work = opmath(call.out.dtype)
             v = operand(call, x, work)
-            return finish(call, e.reduce(op_type, v, None, False), work)
+            return finish(call, extreme(call, op_type, v, None, False, work), work)
         dim = norm_dim(int(other), x.rank)
         keep = bool(call.arg(2, "keepdim", False))
         work = opmath(x.dtype)
         v = operand(call, x, work)
         if x.rank == 0:
             return [e.cast(v, work, x.dtype), e.const(0, torch.int64)]
-        values = e.cast(e.reduce(op_type, v, [dim], keep), work, x.dtype)
-        indices = e.op(arg_op, [v], axis=dim, keepdims=int(keep), select_last_index=0)
-        return [values, indices]
+        values = e.cast(extreme(call, op_type, v, [dim], keep, work), work, x.dtype)
+        return [values, extreme_index(call, arg_op, v, dim, keep, work)]
     return apply
 
 
@@ -81,13 +108,11 @@ def _arg(op_type: str):  # noqa: ANN202
             work = torch.int32
         v = operand(call, x, work)
         if dim is None:
-            flat = e.reshape(v, (-1,))
-            index = e.op(op_type, [flat], axis=0, keepdims=0, select_last_index=0)
+            index = extreme_index(call, op_type, e.reshape(v, (-1,)), 0, False, work)
             if keep:
                 index = e.reshape(index, (1,) * x.rank)
             return index
-        return e.op(op_type, [v], axis=norm_dim(int(dim), x.rank), keepdims=int(keep),
-                    select_last_index=0)
+        return extreme_index(call, op_type, v, norm_dim(int(dim), x.rank), keep, work)
     return apply
 
 
@@ -175,9 +200,9 @@ def vector_norm(call: Call, x: Value, order: float, axes: list[int] | None, keep
     if order == 1:
         return e.reduce("ReduceL1", v, axes, keep)
     if order == float("inf"):
-        return e.reduce("ReduceMax", e.op("Abs", [v]), axes, keep)
+        return extreme(call, "ReduceMax", e.op("Abs", [v]), axes, keep, work)
     if order == float("-inf"):
-        return e.reduce("ReduceMin", e.op("Abs", [v]), axes, keep)
+        return extreme(call, "ReduceMin", e.op("Abs", [v]), axes, keep, work)
     if order == 0:
         nonzero = e.cast(e.op("Not", [e.op("Equal", [v, e.const(0, work)])]), torch.bool, work)
         return e.reduce("ReduceSum", nonzero, axes, keep)
