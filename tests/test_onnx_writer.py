@@ -331,6 +331,9 @@ SPECIAL_CASES = {
                               "argmax_all": x.argmax(), "norm_inf": torch.linalg.vector_norm(
                                   x, float("inf"), dim=1),
                               "norm_neg_inf": torch.linalg.vector_norm(x, float("-inf"), dim=0)},
+    "variance": lambda y, x: {"var": x.var(1), "std": x.std(1, keepdim=True),
+                              "var0": torch.var(x, 0, correction=0),
+                              "std_mean": torch.std_mean(x, dim=1)[0]},
 }
 
 
@@ -343,7 +346,7 @@ def test_special_values_as_eager(tmp_path, case):
     y, x = _pairs()
     rows = torch.tensor(_SPECIAL[3:] + _SPECIAL[:3])  # extremes: NaN in some rows only
     x = torch.where(torch.eye(len(rows), dtype=torch.bool), rows[:, None], x * 0 + rows) \
-        if case == "extremes" else x
+        if case in ("extremes", "variance") else x
     node = trace_node(tmp_path, fn, [torch.randn(y.shape), torch.randn(x.shape)])
     got = run_model(write_node(node), {"in0": y, "in1": x})
     want = _as_dict(fn(y, x))
@@ -947,6 +950,13 @@ def test_adaptive_average_pooling_keeps_eagers_nan_and_float16(tmp_path):
         actual = torch.from_numpy(actual)
         assert actual.dtype == expected.dtype
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_variance_is_eagers_to_the_bit(tmp_path):
+    """Eager's CPU kernel accumulates a float32 variance in float64; so does the rule."""
+    fn = lambda x: {"var": x.var(1), "std": x.std(0), "var_all": x.var()}  # noqa: E731
+    check_case(tmp_path, fn, [Spec((7, 33), kind="grid")], exact=False, rtol=0, atol=0)
+    check_case(tmp_path / "b", lambda x: fn(x * 100 + 1000), [f(7, 33)], rtol=0, atol=0)
 
 
 def test_layer_norm_at_opset_14(tmp_path):

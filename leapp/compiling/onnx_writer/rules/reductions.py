@@ -168,6 +168,9 @@ def _variance(call: Call) -> tuple[str, torch.dtype]:
                                 and isinstance(call.args[1], (int, list, tuple))
                                 and not isinstance(call.args[1], bool) else False))
     work = opmath(call.out.dtype if not isinstance(call.out, tuple) else call.out[0].dtype)
+    # eager's CPU kernel accumulates float32 in float64: the same digits, and squares of
+    # values above 1.8e19 that do not overflow
+    work = torch.float64 if work == torch.float32 else work
     v = operand(call, x, work)
     mean = e.reduce("ReduceMean", v, axes, True)
     centred = e.op("Sub", [v, mean])
