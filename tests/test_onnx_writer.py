@@ -1138,6 +1138,31 @@ def test_recurrent(tmp_path, case):
     check_case(tmp_path, fn, specs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", sorted(RECURRENT))
+def test_recurrent_layers_keep_eagers_nan(tmp_path, case):
+    """A NaN in the input at one step, in an initial hidden state or in an LSTM's initial
+    cell state: the same NaN as eager's (onnxruntime's kernels give finite numbers
+    there), the same values elsewhere."""
+    fn, specs = RECURRENT[case]
+    gen = torch.Generator().manual_seed(5)
+    node = trace_node(tmp_path, fn, [s.draw(gen) for s in specs])
+    model = write_node(node)
+    tried = 0
+    for k, spec in enumerate(specs):
+        for position in (0, spec.shape[-1] + 1, -1):  # first, second row, last
+            inputs = [s.draw(gen) for s in specs]
+            inputs[k].view(-1)[position] = float("nan")
+            want = _as_dict(fn(*inputs))
+            got = run_model(model, {f"in{n}": t for n, t in enumerate(inputs)})
+            for (key, expected), actual in zip(want.items(), got):
+                actual = torch.from_numpy(actual)
+                assert torch.equal(torch.isnan(actual), torch.isnan(expected)), (k, position, key)
+                torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5,
+                                           equal_nan=True)
+            tried += int(any(torch.isnan(v).any() for v in want.values()))
+    assert tried >= len(specs)
+
+
 def test_gru_is_one_onnx_node_per_layer(tmp_path):
     model = check_case(tmp_path, _gru, [f(2, 4, 5), f(2, 2, 7)])
     grus = [n for n in model.graph.node if n.op_type == "GRU"]

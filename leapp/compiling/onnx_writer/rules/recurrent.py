@@ -26,9 +26,9 @@ def _constant(call: Call, v: object) -> torch.Tensor:
     return v.example.detach()
 
 
-def _layer(call: Call, kind: str, x: str, weights: list[list[torch.Tensor]], hidden: int,
-           h0: str, c0: str | None, work: torch.dtype, attrs: dict) -> list[str]:
-    """One ONNX node over both directions; (Y [T, D, B, H], Y_h, Y_c)."""
+def _layer(call: Call, kind: str, x: str, length: int, weights: list[list[torch.Tensor]],
+           hidden: int, h0: str, c0: str | None, work: torch.dtype, attrs: dict) -> list[str]:
+    """One ONNX node over both directions, x [length, B, I]; (Y [T, D, B, H], Y_h, Y_c)."""
     e = call.e
     w = torch.stack([_reorder(d[0], kind) for d in weights]).to(work)
     r = torch.stack([_reorder(d[1], kind) for d in weights]).to(work)
@@ -44,8 +44,61 @@ def _layer(call: Call, kind: str, x: str, weights: list[list[torch.Tensor]], hid
         inputs.append(c0)
     direction = "bidirectional" if len(weights) == 2 else "forward"
     outputs = 3 if kind == "LSTM" else 2
-    return e.op(kind, inputs, outputs=outputs, hidden_size=hidden, direction=direction,
+    outs = e.op(kind, inputs, outputs=outputs, hidden_size=hidden, direction=direction,
                 **attrs)
+    return _keep_nan(call, x, length, h0, c0, outs, len(weights), work)
+
+
+def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: list[str],
+              directions: int, work: torch.dtype) -> list[str]:
+    """Eager's NaN through a recurrent layer, which onnxruntime's kernels turn into finite
+    numbers.  A NaN anywhere in a robot's input at step t, or in its initial hidden
+    state, reaches every gate through the weight products: its state is NaN from t on
+    (back to the start in the reverse direction), or at every step.  A NaN in an LSTM's
+    initial cell state stays in its element for the first step (the cell update is
+    elementwise) and fills the row from the second."""
+    e = call.e
+
+    def nan_of(value: str) -> str:
+        return e.cast(e.op("IsNaN", [value]), torch.bool, work)
+
+    steps = e.reduce("ReduceMax", nan_of(x), [2], False)  # [T, B]
+    start = e.reduce("ReduceMax", nan_of(h0), [2], False)  # [D, B]
+    cell = nan_of(c0) if c0 is not None else None  # [D, B, H]
+    if cell is not None and length > 1:  # from the second step on, the whole row
+        later_start = e.op("Add", [start, e.reduce("ReduceMax", cell, [2], False)])
+    else:
+        later_start = start
+    everywhere = e.reduce("ReduceMax", steps, [0], False)  # [B]
+    seen, last, first = [], [], []
+    for d in range(directions):
+        so_far = e.op("CumSum", [steps, e.scalar_int(0)], reverse=d)
+        initial = e.op("Gather", [start, e.scalar_int(d)], axis=0)  # [B]
+        at_first = torch.zeros(length, 1, dtype=work)
+        at_first[-1 if d else 0] = 1
+        initial = e.op("Add", [e.op("Mul", [e.tensor_const(at_first), initial]),
+                               e.op("Mul", [e.tensor_const(1 - at_first),
+                                            e.op("Gather", [later_start, e.scalar_int(d)],
+                                                 axis=0)])])  # [T, B]
+        seen.append(e.unsqueeze(e.op("Add", [so_far, initial]), [1]))  # [T, 1, B]
+        last.append(e.unsqueeze(e.op("Add", [everywhere, e.op(
+            "Gather", [later_start, e.scalar_int(d)], axis=0)]), [0]))  # [1, B]
+        if cell is not None:  # the cell's own NaN at the first step: [T, 1, B, H]
+            first.append(e.unsqueeze(e.op("Mul", [
+                e.tensor_const(at_first.reshape(length, 1, 1)),
+                e.op("Gather", [cell, e.scalar_int(d)], axis=0)]), [1]))
+    join = (lambda parts, axis: parts[0] if directions == 1  # noqa: E731
+            else e.op("Concat", parts, axis=axis))
+    zero = e.const(0.0, work)
+    step_mask = e.unsqueeze(e.op("Greater", [join(seen, 1), zero]), [3])  # [T, D, B, 1]
+    last_mask = e.unsqueeze(e.op("Greater", [join(last, 0), zero]), [2])  # [D, B, 1]
+    if cell is not None:
+        step_mask = e.op("Or", [step_mask, e.op("Greater", [join(first, 1), zero])])
+        if length == 1:
+            last_mask = e.op("Or", [last_mask, e.op("Greater", [cell, zero])])
+    nan = e.const(float("nan"), work)
+    masks = [step_mask] + [last_mask] * (len(outs) - 1)
+    return [e.op("Where", [mask, nan, out]) for mask, out in zip(masks, outs)]
 
 
 def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
@@ -82,6 +135,7 @@ def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
     if unbatched:
         h_all = e.unsqueeze(h_all, [1])
         c_all = e.unsqueeze(c_all, [1]) if c_all is not None else None
+    t_len = x.shape[0 if (unbatched or not batch_first) else 1]
     last_h, last_c = [], []
     for layer in range(layers):
         group = []
@@ -93,12 +147,11 @@ def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
         c0 = None
         if c_all is not None:
             c0 = e.slice(c_all, [lo], [hi], [0]) if layers * directions > 1 else c_all
-        outs = _layer(call, kind, seq, group, hidden, h0, c0, work, attrs)
+        outs = _layer(call, kind, seq, t_len, group, hidden, h0, c0, work, attrs)
         y = outs[0]  # [T, D, B, H]
         if directions == 1:
             seq = e.squeeze(y, [1])
         else:
-            t_len = x.shape[0 if (unbatched or not batch_first) else 1]
             batch = 1 if unbatched else x.shape[1 if not batch_first else 0]
             seq = e.reshape(e.op("Transpose", [y], perm=[0, 2, 1, 3]),
                             (t_len, batch, directions * hidden))
@@ -172,7 +225,7 @@ def _cell(call: Call, kind: str, attrs: dict) -> object:
         hv = e.unsqueeze(hv, [0] if not unbatched else [0, 1])
     if kind == "LSTM":
         cv = e.unsqueeze(cv, [0] if not unbatched else [0, 1])
-    outs = _layer(call, kind, e.unsqueeze(xv, [0]), [weights], hidden, hv, cv, work, attrs)
+    outs = _layer(call, kind, e.unsqueeze(xv, [0]), 1, [weights], hidden, hv, cv, work, attrs)
     axes = [0] if not unbatched else [0, 1]
     h_out = e.cast(e.squeeze(outs[1], axes), work, x.dtype)
     if kind == "LSTM":
