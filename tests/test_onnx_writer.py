@@ -1083,6 +1083,33 @@ def test_a_padding_mask_hiding_every_key_gives_the_traced_nans_and_zeros(tmp_pat
                                    equal_nan=True, msg=lambda m: f"{key}: {m}")
 
 
+@pytest.mark.parametrize("where", [None, "query", "key", "value", "hidden_key", "hidden_value"])
+def test_attention_keeps_eagers_nan(tmp_path, where):
+    """NaN in a query, a key or a value, shown or hidden by the mask (row 1 hides every
+    key: zeros, unless a NaN reaches it): the same NaN as eager's, the same numbers."""
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, False]])
+    additive = torch.zeros(3, 3).masked_fill(~mask, float("-inf"))
+
+    def fn(q, k, v):
+        return {"bool": F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                "additive": F.scaled_dot_product_attention(q, k, v, attn_mask=additive),
+                "causal": F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    node = trace_node(tmp_path, fn, [torch.randn(2, 3, 4) for _ in range(3)])
+    model = write_node(node)
+    inputs = [torch.randn(2, 3, 4) for _ in range(3)]
+    at = {"query": (0, (1, 0, 2)), "key": (1, (0, 0, 1)), "value": (2, (1, 2, 3)),
+          "hidden_key": (1, (0, 1, 0)), "hidden_value": (2, (0, 1, 0))}.get(where)
+    if at is not None:
+        inputs[at[0]][at[1]] = float("nan")
+    got = run_model(model, {f"in{n}": t for n, t in enumerate(inputs)})
+    want = fn(*inputs)
+    assert (where is None) != any(torch.isnan(w).any() for w in want.values())
+    for (key, expected), actual in zip(want.items(), got):
+        actual = torch.from_numpy(actual)
+        assert torch.equal(torch.isnan(actual), torch.isnan(expected)), key
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def test_multi_head_attention_in_float16_is_refused(tmp_path):
     """Eager rounds every step to float16; the rule computes in float32 or float64 only."""
     mha = nn.MultiheadAttention(8, 2, batch_first=True).half().eval()

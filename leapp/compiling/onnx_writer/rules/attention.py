@@ -26,14 +26,29 @@ def _sdpa(call: Call, q: str, k: str, v: str, rank: int, length: int, source: in
         allowed = torch.ones(length, source, dtype=torch.bool).tril()
         bias = torch.zeros(length, source, dtype=work).masked_fill(~allowed, float("-inf"))
         scores = e.op("Add", [scores, e.tensor_const(bias)])
-    if bool_mask is not None:
-        scores = e.op("Where", [bool_mask, scores, e.const(float("-inf"), work)])
+    if bool_mask is not None:  # added as 0 / -inf, as eager's: a NaN score stays NaN
+        scores = e.op("Add", [scores, e.op("Where", [bool_mask, e.const(0.0, work),
+                                                     e.const(float("-inf"), work)])])
     if add_mask is not None:
         scores = e.op("Add", [scores, add_mask])
     weights = e.op("Softmax", [scores], axis=-1)
-    if causal or bool_mask is not None or add_mask is not None:
-        top = e.reduce("ReduceMax", scores, [rank - 1], True)
-        empty = e.op("Equal", [top, e.const(float("-inf"), work)])
+    # a row whose every key the masks hide: read off the masks, not the scores (a NaN
+    # score is no key, and ReduceMax passes over it)
+    allowed = []
+    if causal:
+        allowed.append(e.tensor_const(torch.ones(length, source, dtype=torch.bool).tril()))
+    if bool_mask is not None:
+        allowed.append(bool_mask)
+    if add_mask is not None:
+        allowed.append(e.op("Not", [e.op("Equal", [add_mask, e.const(float("-inf"), work)])]))
+    if allowed:
+        every = allowed[0]
+        for more in allowed[1:]:
+            every = e.op("And", [every, more])
+        some = e.reduce("ReduceMax", e.cast(every, torch.bool, work), [-1], True)
+        nan = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [scores]), torch.bool, work), [-1],
+                       True)  # eager's zeros give way to a NaN score, hidden key or not
+        empty = e.op("Equal", [e.op("Add", [some, nan]), e.const(0.0, work)])
         weights = e.op("Where", [empty, e.const(0.0, work), weights])
     return e.op("MatMul", [weights, v])
 
