@@ -324,6 +324,8 @@ SPECIAL_CASES = {
                            "both": y.clamp(-0.5, 0.5), "clamp_min": y.clamp_min(0.0),
                            "clamp_max": y.clamp_max(1.0), "tensor": torch.clamp(y, min=x)},
     "sign_pow0": lambda y, x: {"sign": torch.sign(y), "sgn": y.sgn(), "pow0": y ** 0},
+    "copysign": lambda y, x: {"copysign": torch.copysign(y, x),
+                              "zeros": torch.copysign(y, torch.nan_to_num(x * 0))},
     "extremes": lambda y, x: {"max": x.max(), "max_dim": x.max(dim=1).values,
                               "max_idx": x.max(dim=1).indices, "min_dim": x.min(0)[0],
                               "min_idx": x.min(0)[1], "amax": x.amax(1), "amin": x.amin(-1),
@@ -359,6 +361,9 @@ def test_special_values_as_eager(tmp_path, case):
         assert torch.equal(torch.isnan(actual), torch.isnan(expected)), (key, actual, expected)
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0, equal_nan=True,
                                    msg=lambda m: f"{key}: {m}")
+        if case == "copysign":  # where the sign is the point: zeros and NaN included
+            assert torch.equal(torch.signbit(actual)[~torch.isnan(expected)],
+                               torch.signbit(expected)[~torch.isnan(expected)]), key
 
 
 # ---------------------------------------------------------------------------

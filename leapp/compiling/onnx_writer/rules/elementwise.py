@@ -432,8 +432,13 @@ def copysign(call: Call) -> str:
     work = opmath(call.out.dtype)
     a = e.op("Abs", [operand(call, call.args[0], work)])
     b = operand(call, call.arg(1, "other"), work)
-    negative = e.op("Less", [b, e.const(0, work)])
-    return finish(call, e.op("Where", [negative, e.op("Neg", [a]), a]), work)
+    zero = e.const(0, work)  # b's sign, -0.0 read as negative through 1 / -0.0 = -inf
+    negative = e.op("Or", [e.op("Less", [b, zero]),
+                           e.op("Less", [e.op("Reciprocal", [b]), zero])])
+    # |a| times -1 or 1: a Where choosing -|a| would turn -0.0 into 0.0 (onnxruntime's
+    # Where drops the sign of a zero it takes from its first branch)
+    factor = e.op("Where", [negative, e.const(-1, work), e.const(1, work)])
+    return finish(call, e.op("Mul", [a, factor]), work)
 
 
 @rule("nan_to_num")
