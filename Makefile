@@ -46,7 +46,8 @@ test-device:
 	tests/device/run.sh --out $(DEVICE_OUT)
 
 # The compatibility matrix (tests/matrix.py): the subset of the suite that covers
-# tracing, every backend, InferenceManager, fuse, the examples and rsl-rl-lib, run
+# tracing, every backend, InferenceManager, fuse, the examples, rsl-rl-lib and the
+# ONNX writer's rules, run
 # under torch 2.7 (Isaac Lab's line) with NumPy 1.26, the pinned torch with NumPy
 # 1.26, and the pinned torch with NumPy 2 (.venv).  The side environments live in
 # .matrix/ and are made once; the first run downloads torch 2.7.1 (a CUDA build,
