@@ -65,7 +65,18 @@ def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: li
     steps = e.reduce("ReduceMax", nan_of(x), [2], False)  # [T, B]
     start = e.reduce("ReduceMax", nan_of(h0), [2], False)  # [D, B]
     cell = nan_of(c0) if c0 is not None else None  # [D, B, H]
-    if cell is not None and length > 1:  # from the second step on, the whole row
+    nan = e.const(float("nan"), work)
+    zero = e.const(0.0, work)
+    if length == 1:  # one step (a policy stepping once): its state is the last one
+        row = e.op("Greater", [e.op("Add", [steps, start]), zero])  # [D, B]
+        step_mask, last_mask = e.unsqueeze(row, [0, 3]), e.unsqueeze(row, [2])
+        if cell is not None:
+            own = e.op("Greater", [cell, zero])
+            step_mask = e.op("Or", [step_mask, e.unsqueeze(own, [0])])
+            last_mask = e.op("Or", [last_mask, own])
+        masks = [step_mask] + [last_mask] * (len(outs) - 1)
+        return [e.op("Where", [mask, nan, out]) for mask, out in zip(masks, outs)]
+    if cell is not None:  # from the second step on, the cell's NaN fills the row
         later_start = e.op("Add", [start, e.reduce("ReduceMax", cell, [2], False)])
     else:
         later_start = start
@@ -89,14 +100,10 @@ def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: li
                 e.op("Gather", [cell, e.scalar_int(d)], axis=0)]), [1]))
     join = (lambda parts, axis: parts[0] if directions == 1  # noqa: E731
             else e.op("Concat", parts, axis=axis))
-    zero = e.const(0.0, work)
     step_mask = e.unsqueeze(e.op("Greater", [join(seen, 1), zero]), [3])  # [T, D, B, 1]
     last_mask = e.unsqueeze(e.op("Greater", [join(last, 0), zero]), [2])  # [D, B, 1]
     if cell is not None:
         step_mask = e.op("Or", [step_mask, e.op("Greater", [join(first, 1), zero])])
-        if length == 1:
-            last_mask = e.op("Or", [last_mask, e.op("Greater", [cell, zero])])
-    nan = e.const(float("nan"), work)
     masks = [step_mask] + [last_mask] * (len(outs) - 1)
     return [e.op("Where", [mask, nan, out]) for mask, out in zip(masks, outs)]
 
