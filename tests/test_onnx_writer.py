@@ -305,6 +305,17 @@ def test_integer_wraparound(tmp_path):
                [i(8, dtype=torch.int8, high=100), i(8, dtype=torch.int8, high=100)])
 
 
+def test_float16_rounds_python_numbers_and_steps_as_eager(tmp_path):
+    """Eager rounds a Python number to float16 before remainder, fmod, pow and add's
+    alpha (not before mul or div), and rounds after each step of softsign and
+    tanhshrink: to the bit."""
+    fn = lambda x: {"mod": x % 0.7, "neg_mod": x % -0.7, "fmod": torch.fmod(x, 0.7),  # noqa: E731
+                    "pow": (x.abs() + 0.1) ** 1.7, "rpow": 1.3 ** x,
+                    "alpha": torch.add(x, x, alpha=0.7123), "mul": x * 0.7123,
+                    "softsign": F.softsign(x), "tanhshrink": F.tanhshrink(x)}
+    check_case(tmp_path, fn, [f(8, 16, dtype=torch.float16)], exact=True, draws=4)
+
+
 # ---------------------------------------------------------------------------
 # special values: NaN, infinities, huge numbers, as eager gives them
 

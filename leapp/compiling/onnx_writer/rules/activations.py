@@ -120,8 +120,13 @@ def mish(call: Call) -> str:
 
 @rule("softsign")
 def softsign(call: Call) -> str:
+    """x / (|x| + 1), rounded after each step as eager's composite does in float16."""
+    e = call.e
     x, work = _work(call)
-    return finish(call, call.e.op("Softsign", [x]), work)
+    if work == call.out.dtype:
+        return finish(call, e.op("Softsign", [x]), work)
+    below = _rounded_to_result(call, e.op("Add", [e.op("Abs", [x]), e.const(1, work)]), work)
+    return finish(call, e.op("Div", [x, below]), work)
 
 
 @rule("logsigmoid", "log_sigmoid")
@@ -162,8 +167,15 @@ def hardswish(call: Call) -> str:
 
 @rule("tanhshrink")
 def tanhshrink(call: Call) -> str:
+    """x - tanh(x), tanh rounded first as eager's composite does in float16."""
     x, work = _work(call)
-    return finish(call, call.e.op("Sub", [x, call.e.op("Tanh", [x])]), work)
+    tanh = _rounded_to_result(call, call.e.op("Tanh", [x]), work)
+    return finish(call, call.e.op("Sub", [x, tanh]), work)
+
+
+def _rounded_to_result(call: Call, name: str, work: torch.dtype) -> str:
+    """name rounded to the result's type and back (a step eager takes in that type)."""
+    return call.e.cast(call.e.cast(name, work, call.out.dtype), call.out.dtype, work)
 
 
 @rule("prelu")

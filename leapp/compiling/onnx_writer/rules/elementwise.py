@@ -19,8 +19,9 @@ def _binary(call: Call, op_type: str, a: object, b: object, **attrs: object) -> 
 
 
 def _rounded(call: Call, x: object, work: torch.dtype) -> str:
-    """An operand of add / sub: eager rounds a Python number to the result type first
-    (float16 + 0.1 adds float16(0.1)); mul and div keep it in the computation type."""
+    """An operand of add / sub / remainder / fmod / pow (and add's alpha): eager rounds a
+    Python number to the result type first (float16 + 0.1 adds float16(0.1)); mul and
+    div keep it in the computation type."""
     return operand(call, x, work, call.out.dtype)
 
 
@@ -28,7 +29,7 @@ def _scaled(call: Call, b: object, alpha: object, work: torch.dtype) -> str:
     name = _rounded(call, b, work)
     if alpha is None or alpha == 1:
         return name
-    return call.e.op("Mul", [name, operand(call, alpha, work)])
+    return call.e.op("Mul", [name, _rounded(call, alpha, work)])
 
 
 @rule("add", "operator.add")
@@ -131,7 +132,7 @@ def remainder(call: Call) -> str:
     e = call.e
     a, b = call.args[0], call.arg(1, "other")
     work = opmath(call.out.dtype)
-    x, y = operand(call, a, work), operand(call, b, work)
+    x, y = _rounded(call, a, work), _rounded(call, b, work)
     if not work.is_floating_point:
         return finish(call, e.op("Mod", [x, y], fmod=0), work)
     zero = e.const(0, work)
@@ -143,7 +144,9 @@ def remainder(call: Call) -> str:
 
 @rule("fmod")
 def fmod(call: Call) -> str:
-    return _binary(call, "Mod", call.args[0], call.arg(1, "other"), fmod=1)
+    work = opmath(call.out.dtype)
+    x, y = _rounded(call, call.args[0], work), _rounded(call, call.arg(1, "other"), work)
+    return finish(call, call.e.op("Mod", [x, y], fmod=1), work)
 
 
 def _power(call: Call, base: object, exponent: object) -> str:
@@ -169,7 +172,9 @@ def _power(call: Call, base: object, exponent: object) -> str:
                 return finish(call, e.op("Reciprocal", [e.op("Mul", [x, x])]), work)
         if exponent == 0:  # ones, NaN and inf included, as eager's
             return finish(call, e.op("Expand", [e.const(1, work), e.op("Shape", [x])]), work)
-    return _binary(call, "Pow", base, exponent)
+    work = opmath(call.out.dtype)
+    return finish(call, e.op("Pow", [_rounded(call, base, work), _rounded(call, exponent, work)]),
+                  work)
 
 
 @rule("pow", "operator.pow")
