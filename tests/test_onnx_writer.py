@@ -244,6 +244,10 @@ ELEMENTWISE = {
                              "clamp_min": x.clamp_min(0.0), "clip": x.clip(-1, 1)},
               [f(3, 4), f(4)]),
     "clamp_int": (lambda a: {"c": a.clamp(-2, 3), "f": a.clamp(min=0.5)}, [i(6)]),
+    # a bound wraps to the tensor's type first: -2 is 254 for uint8
+    "clamp_wrapping": (lambda u, s: {"u": u.clamp(-2, 3), "u_min": u.clamp(min=-2),
+                                     "u_max": u.clamp(max=-1), "s": torch.clamp(s, -5, 5)},
+                       [i(6, dtype=torch.uint8, high=256), i(6, dtype=torch.int8)]),
     "min_max_binary": (lambda x, y: {"max": torch.maximum(x, y), "min": torch.minimum(x, y),
                                      "max2": torch.max(x, y), "min2": torch.min(x, y)},
                        [f(3, 4), f(4)]),

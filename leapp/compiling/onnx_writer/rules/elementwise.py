@@ -331,8 +331,15 @@ def atan2(call: Call) -> str:
     return finish(call, e.op("Where", [nan, e.const(float("nan"), work), result]), work)
 
 
+def _bound_operand(call: Call, bound: object, work: torch.dtype) -> str:
+    """A clamp bound: a Python number wraps to an integer result's type first, as eager's
+    (uint8.clamp(-2, 3) clamps between 254 and 3)."""
+    integer = not call.out.dtype.is_floating_point and call.out.dtype != torch.bool
+    return operand(call, bound, work, call.out.dtype if integer else None)
+
+
 def _bound(call: Call, x: str, bound: object, op_type: str, work: torch.dtype) -> str:
-    return call.e.op(op_type, [x, operand(call, bound, work)])
+    return call.e.op(op_type, [x, _bound_operand(call, bound, work)])
 
 
 @rule("clamp", "clip")
@@ -345,8 +352,7 @@ def clamp(call: Call) -> str:
     # Clip with one bound left out clips at the type's largest finite value (inf -> max)
     scalar = all(isinstance(b, (int, float)) for b in (low, high))
     if scalar and work in (torch.float32, torch.float64, torch.int32, torch.int64):
-        inputs = [x, operand(call, low, work) if low is not None else "",
-                  operand(call, high, work) if high is not None else ""]
+        inputs = [x, _bound_operand(call, low, work), _bound_operand(call, high, work)]
         return finish(call, call.e.op("Clip", inputs), work)
     if low is not None:
         x = _bound(call, x, low, "Max", work)
