@@ -687,6 +687,11 @@ SHAPES = {
                        "replicate": F.pad(x, (1, 1, 1, 0), mode="replicate"),
                        "circular": F.pad(x, (1, 2, 0, 1), mode="circular"),
                        "crop": F.pad(x, (-1, 1))}, [f(1, 3, 4, 5)]),
+    # onnxruntime has no int16 Pad kernel: padded in int32
+    "pad_int16": (lambda a: {"constant": F.pad(a, (1, 2), value=-7),
+                             "reflect": F.pad(a[0], (2, 1), mode="reflect"),
+                             "replicate": F.pad(a, (1, 1, 1, 0), mode="replicate")},
+                  [i(1, 3, 4, 5, dtype=torch.int16)]),
 }
 
 

@@ -689,10 +689,12 @@ def pad(call: Call) -> str:
     for k in range(len(widths) // 2):
         axis = x.rank - 1 - k
         begins[axis], ends[axis] = widths[2 * k], widths[2 * k + 1]
-    inputs = [x.name, e.ints(begins + ends)]
+    # onnxruntime has no int16 / uint16 Pad kernel: padded in int32, exactly
+    work = torch.int32 if x.dtype in (torch.int16, torch.uint16) else x.dtype
+    inputs = [e.cast(x.name, x.dtype, work), e.ints(begins + ends)]
     if onnx_mode == "constant":
-        inputs.append(operand(call, 0.0 if value is None else value, x.dtype))
-    return e.op("Pad", inputs, mode=onnx_mode)
+        inputs.append(operand(call, 0.0 if value is None else value, work, x.dtype))
+    return e.cast(e.op("Pad", inputs, mode=onnx_mode), work, x.dtype)
 
 
 @rule("broadcast_tensors")
