@@ -1352,6 +1352,22 @@ def test_fallback_is_named_in_log_and_summary(tmp_path, caplog):
     assert onnx.load(os.path.join(bundle, "node.onnx")).producer_name == "pytorch"
 
 
+def test_a_written_model_onnxruntime_cannot_load_falls_back(tmp_path, monkeypatch):
+    """A rule writing an op onnxruntime has no kernel for (here a stand-in tanh through
+    an int16 Pad): the node goes to torch's exporter, named, and validates."""
+    from leapp.compiling.onnx_writer import emit
+
+    def unloadable(call):
+        e, x = call.e, call.args[0]
+        padded = e.op("Pad", [e.cast(x.name, torch.float32, torch.int16), e.ints([0] * 4)])
+        return e.cast(padded, torch.int16, torch.float32)
+    monkeypatch.setitem(emit.RULES, "tanh", unloadable)
+    bundle, log = _compile(tmp_path, lambda x: {"y": torch.tanh(x)}, [torch.randn(2, 3)],
+                           "onnx-dynamo")
+    assert FALLBACK in log and "onnxruntime cannot load the written model" in log
+    assert onnx.load(os.path.join(bundle, "node.onnx")).producer_name == "pytorch"
+
+
 def test_the_suites_writer_census_counts_written_and_fallback_nodes(tmp_path):
     """The count the test run's summary prints: one node written, one sent to torch."""
     _compile(tmp_path / "a", lambda x: {"y": torch.tanh(x)}, [torch.randn(2, 3)], "onnx")

@@ -142,8 +142,10 @@ def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: 
         try:
             model = onnx_writer.write_model(node, module, list(inputs), input_names,
                                             output_names, opset, __version__)
-            logger.debug("[%s] %s", node, WRITTEN)
-            return model, None
+            reason = _unloadable(model)
+            if reason is None:
+                logger.debug("[%s] %s", node, WRITTEN)
+                return model, None
         except onnx_writer.NoRule as exc:
             reason = str(exc)
         except Exception as exc:  # a writer bug must not cost the user the export
@@ -151,6 +153,23 @@ def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: 
     logger.warning("[%s] %s: %s (set %s=torch to use it for every node)", node, FELL_BACK,
                    reason, onnx_writer.ENV)
     return None, reason
+
+
+def _unloadable(model: Any) -> str | None:
+    """Why onnxruntime cannot load the written model (a kernel it lacks for a type,
+    say), or None: such a node goes to torch's exporter rather than failing validation."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 4  # the refusal is reported here, once
+    try:
+        ort.InferenceSession(model.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  onnxruntime's own refusal
+        return f"onnxruntime cannot load the written model: {' '.join(str(exc).split())[:300]}"
+    return None
 
 
 def writer_enabled() -> bool:
