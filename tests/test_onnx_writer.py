@@ -1108,7 +1108,8 @@ def test_a_padding_mask_hiding_every_key_gives_the_traced_nans_and_zeros(tmp_pat
                                    equal_nan=True, msg=lambda m: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("where", [None, "query", "key", "value", "hidden_key", "hidden_value"])
+@pytest.mark.parametrize("where", [None, "query", "key", "value", "hidden_key", "hidden_value",
+                                   "infinite_query", "minus_infinite_query"])
 def test_attention_keeps_eagers_nan(tmp_path, where):
     """NaN in a query, a key or a value, shown or hidden by the mask (row 1 hides every
     key: zeros, unless a NaN reaches it): the same NaN as eager's, the same numbers."""
@@ -1116,19 +1117,25 @@ def test_attention_keeps_eagers_nan(tmp_path, where):
     additive = torch.zeros(3, 3).masked_fill(~mask, float("-inf"))
 
     def fn(q, k, v):
-        return {"bool": F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        return {"plain": F.scaled_dot_product_attention(q, k, v),
+                "bool": F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
                 "additive": F.scaled_dot_product_attention(q, k, v, attn_mask=additive),
                 "causal": F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     node = trace_node(tmp_path, fn, [torch.randn(2, 3, 4) for _ in range(3)])
     model = write_node(node)
     inputs = [torch.randn(2, 3, 4) for _ in range(3)]
     at = {"query": (0, (1, 0, 2)), "key": (1, (0, 0, 1)), "value": (2, (1, 2, 3)),
-          "hidden_key": (1, (0, 1, 0)), "hidden_value": (2, (0, 1, 0))}.get(where)
+          "hidden_key": (1, (0, 1, 0)), "hidden_value": (2, (0, 1, 0)),
+          "infinite_query": (0, (1, 2, 0)), "minus_infinite_query": (0, (0, 0, 0))}.get(where)
     if at is not None:
         inputs[at[0]][at[1]] = float("nan")
+    if where and where.endswith("infinite_query"):  # keys of one sign: scores all +-inf
+        inputs[1] = inputs[1].abs() + 0.5
+        inputs[0][at[1]] = float("-inf") if where.startswith("minus") else float("inf")
     got = run_model(model, {f"in{n}": t for n, t in enumerate(inputs)})
     want = fn(*inputs)
-    assert (where is None) != any(torch.isnan(w).any() for w in want.values())
+    assert (where in (None, "minus_infinite_query")) != any(torch.isnan(w).any()
+                                                            for w in want.values())
     for (key, expected), actual in zip(want.items(), got):
         actual = torch.from_numpy(actual)
         assert torch.equal(torch.isnan(actual), torch.isnan(expected)), key

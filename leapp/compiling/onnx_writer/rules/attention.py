@@ -15,8 +15,8 @@ from .common import example, finish, float_work, operand
 def _sdpa(call: Call, q: str, k: str, v: str, rank: int, length: int, source: int,
           scale: float, work: torch.dtype, bool_mask: str | None = None,
           add_mask: str | None = None, causal: bool = False) -> str:
-    """softmax(q·kᵀ·scale + mask)·v over the last two axes; a row whose every key is
-    masked gives zeros, as eager's kernel does."""
+    """softmax(q·kᵀ·scale + mask)·v over the last two axes; a row with no finite score
+    gives zeros, as eager's kernel does."""
     e = call.e
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
@@ -32,24 +32,14 @@ def _sdpa(call: Call, q: str, k: str, v: str, rank: int, length: int, source: in
     if add_mask is not None:
         scores = e.op("Add", [scores, add_mask])
     weights = e.op("Softmax", [scores], axis=-1)
-    # a row whose every key the masks hide: read off the masks, not the scores (a NaN
-    # score is no key, and ReduceMax passes over it)
-    allowed = []
-    if causal:
-        allowed.append(e.tensor_const(torch.ones(length, source, dtype=torch.bool).tril()))
-    if bool_mask is not None:
-        allowed.append(bool_mask)
-    if add_mask is not None:
-        allowed.append(e.op("Not", [e.op("Equal", [add_mask, e.const(float("-inf"), work)])]))
-    if allowed:
-        every = allowed[0]
-        for more in allowed[1:]:
-            every = e.op("And", [every, more])
-        some = e.reduce("ReduceMax", e.cast(every, torch.bool, work), [-1], True)
-        nan = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [scores]), torch.bool, work), [-1],
-                       True)  # eager's zeros give way to a NaN score, hidden key or not
-        empty = e.op("Equal", [e.op("Add", [some, nan]), e.const(0.0, work)])
-        weights = e.op("Where", [empty, e.const(0.0, work), weights])
+    # eager's kernel gives zeros for a row whose every score is -inf (every key hidden,
+    # or a -inf query), unless a NaN reaches it (ReduceMax passes over NaN: counted apart)
+    top = e.reduce("ReduceMax", scores, [rank - 1], True)
+    nan = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [scores]), torch.bool, work),
+                   [rank - 1], True)
+    empty = e.op("And", [e.op("Equal", [top, e.const(float("-inf"), work)]),
+                         e.op("Equal", [nan, e.const(0.0, work)])])
+    weights = e.op("Where", [empty, e.const(0.0, work), weights])
     return e.op("MatMul", [weights, v])
 
 
