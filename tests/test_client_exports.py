@@ -22,7 +22,10 @@ library's own eager path (`get_action`, `act`, `predict`) to 1e-5:
   by validation, never exported silently;
 * skrl `PPO_RNN`: the checks of Isaac Lab's recurrent-state test (LSTM state
   detected with its shapes, a GRU refused) and the LSTM policy exported and
-  replayed; rl_games' LSTM detected and its GRU refused likewise.
+  replayed; rl_games' LSTM detected and its GRU refused likewise;
+* tianshou: its Gaussian actor (`Net` + `ContinuousActorProbabilistic`, the bounded
+  mean), its recurrent actor (`RecurrentActorProb`, the `hidden` / `cell` state of
+  its dict fed back) and its discrete actor (`DiscreteActor`, the greedy action).
 """
 from __future__ import annotations
 
@@ -539,3 +542,97 @@ def test_recurrent_ppo_done_during_trace_is_refused(tmp_path):
     bundle rather than export a state that never resets, or resets always."""
     with pytest.raises(Exception, match="validation failed"):
         export_recurrent_ppo(str(tmp_path), "jit", done_at={1: [0]})
+
+
+# ---- tianshou: Gaussian, recurrent and discrete actors -------------------------
+
+TS_OBS, TS_ACT, TS_ENVS, TS_HIDDEN = 5, 3, 2, 8
+
+
+def make_tianshou_actor(kind: str) -> Any:
+    """A seeded tianshou actor: "gaussian", "recurrent" or "discrete"."""
+    from tianshou.utils.net.common import Net
+    from tianshou.utils.net.continuous import ContinuousActorProbabilistic, RecurrentActorProb
+    from tianshou.utils.net.discrete import DiscreteActor
+
+    torch.manual_seed(6)
+    if kind == "gaussian":
+        net = Net(state_shape=TS_OBS, hidden_sizes=[32, 16], activation=torch.nn.Tanh)
+        actor = ContinuousActorProbabilistic(preprocess_net=net, action_shape=TS_ACT,
+                                             max_action=2.0, conditioned_sigma=True)
+    elif kind == "recurrent":
+        actor = RecurrentActorProb(layer_num=1, state_shape=(TS_OBS,), action_shape=(TS_ACT,),
+                                   hidden_layer_size=TS_HIDDEN, max_action=1.5)
+    else:
+        net = Net(state_shape=TS_OBS, hidden_sizes=[32])
+        actor = DiscreteActor(preprocess_net=net, action_shape=TS_ACT)
+    return actor.eval()
+
+
+def _tianshou_zero_state() -> dict[str, torch.Tensor]:
+    """RecurrentActorProb's state: [batch, layers, hidden] for hidden and cell."""
+    return {key: torch.zeros(TS_ENVS, 1, TS_HIDDEN) for key in ("hidden", "cell")}
+
+
+def _tianshou_act(actor: Any, kind: str, obs: torch.Tensor,
+                  state: dict | None) -> tuple[torch.Tensor, dict | None]:
+    """The deterministic action the way tianshou's policies take it: the Gaussian's mean
+    (already squashed to max_action), the discrete actor's most probable action."""
+    if kind == "discrete":
+        probs, _ = actor(obs)
+        return probs.argmax(-1), None
+    (mu, _sigma), state = actor(obs, state)
+    return mu, state
+
+
+def tianshou_eager(kind: str, steps: int) -> list[torch.Tensor]:
+    actor = make_tianshou_actor(kind)
+    state = _tianshou_zero_state() if kind == "recurrent" else None
+    got = []
+    with torch.inference_mode():
+        for step in range(steps):
+            action, state = _tianshou_act(actor, kind, ce.observation(step, TS_ENVS, TS_OBS),
+                                          state)
+            got.append(action.clone())
+    return got
+
+
+@_needs("tianshou")
+@pytest.mark.parametrize("kind", ["gaussian", "recurrent", "discrete"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tianshou_actors(tmp_path, backend, kind):
+    actor = make_tianshou_actor(kind)
+    env = ce.ExportEnv(TS_ENVS, TS_OBS, backend)
+    state = _tianshou_zero_state() if kind == "recurrent" else None
+
+    def step(obs: torch.Tensor) -> torch.Tensor:
+        nonlocal state
+        if state is not None:
+            hidden, cell = ce.declare_state(ce.POLICY_NODE, [state["hidden"], state["cell"]])
+            state = {"hidden": hidden, "cell": cell}
+        action, state = _tianshou_act(actor, kind, obs, state)
+        if state is not None:
+            annotate.update_state(ce.POLICY_NODE,
+                                  ce.named_state([state["hidden"], state["cell"]]))
+        obs, _, _ = env.step(action)
+        return obs
+
+    yaml_path = _traced_loop(str(tmp_path), f"tianshou_{kind}", step, env)
+    doc = ce.read_yaml(yaml_path)
+    if kind == "recurrent":
+        _assert_lstm_feedback(doc, backend)
+    else:
+        assert ce.feedback_flow(doc) == {}
+    got = ce.replay(yaml_path, REPLAY_STEPS, TS_ENVS, TS_OBS)
+    want = tianshou_eager(kind, REPLAY_STEPS)
+    if kind == "discrete":
+        assert [g.dtype for g in got] == [torch.int64] * REPLAY_STEPS
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert len({tuple(w.tolist()) for w in want}) > 1  # the action changes with obs
+    else:
+        ce.assert_steps_equal(got, want)
+    if kind == "recurrent":  # the state matters: step 1 from a zero state acts otherwise
+        with torch.inference_mode():
+            fresh, _ = _tianshou_act(make_tianshou_actor(kind), kind,
+                                     ce.observation(1, TS_ENVS, TS_OBS), _tianshou_zero_state())
+        assert not torch.allclose(fresh, want[1], atol=1e-4)
