@@ -229,12 +229,13 @@ def _flat_obs(bundle, bidirectional: bool = False) -> str:
     return os.path.join(bundle.dir("flat_obs"), "flat_obs.yaml")
 
 
-def _check_fleet(yaml_path: str, output: str) -> None:
+def _check_fleet(yaml_path: str, output: str, port: str = "obs/img",
+                 shape: tuple = (1, 2, 3)) -> None:
     fleet = FleetRunner(yaml_path, 3)
     managers = {robot: InferenceManager(yaml_path) for robot in fleet.robots}
     generator = torch.Generator().manual_seed(4)
     for step in range(3):
-        feeds = {robot: {"obs/img": torch.randn(1, 2, 3, generator=generator)}
+        feeds = {robot: {port: torch.randn(*shape, generator=generator)}
                  for robot in fleet.robots}
         got = fleet.step_robots(feeds)
         for robot in fleet.robots:
@@ -275,3 +276,33 @@ def test_a_written_node_fixed_to_one_robot_is_batched_through_torchs_exporter(
             and "converting those nodes with torch's exporter" in caplog.text)
     assert read_metadata(path)["batched"] is True
     _check_fleet(yaml_path, "obs/a")
+
+
+def test_a_written_attention_node_is_batched_as_written(bundle, caplog, monkeypatch):
+    """nn.MultiheadAttention over a robot's tokens [1, 4, 8] (an onnx node, written by
+    leapp's writer): its reshapes leave the batch open (-1), so the batched model stacks
+    robots on the node as written."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    torch.manual_seed(5)
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+
+    def obs(x):
+        attended, _ = attention(x, x, x)
+        return attended.mean(1)
+
+    leapp.start("attend", save_path=bundle.root)
+    with torch.no_grad():
+        for _ in range(2):
+            x = annotate.input_tensors("obs", {"tokens": torch.randn(1, 4, 8)})
+            annotate.output_tensors("obs", {"a": obs(x)}, export_with="onnx")
+    leapp.stop()
+    leapp.compile_graph(visualize=False)
+    leapp._core.reset_nodes()
+    yaml_path = os.path.join(bundle.dir("attend"), "attend.yaml")
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "cannot be batched" not in caplog.text
+    assert onnx.load(os.path.join(bundle.dir("attend"), "obs.onnx")).producer_name == "leapp"
+    assert read_metadata(path)["batched"] is True
+    _check_fleet(yaml_path, "obs/a", "obs/tokens", (1, 4, 8))
+

@@ -354,6 +354,26 @@ SPECIAL_CASES = {
 }
 
 
+def test_float64_hypot_and_float16_powers_at_special_values(tmp_path):
+    """float64 hypot without overflow or underflow (1e200, 1e-200); float16 x ** 0.5 and
+    x ** -0.5 through pow as eager's (pow(-inf, 0.5) = inf, pow(-0.0, -0.5) = inf)."""
+    fn = lambda a, b, h: {"hypot": torch.hypot(a, b), "sqrt": h ** 0.5,  # noqa: E731
+                          "rsqrt": h ** -0.5, "inverse": h ** -1}
+    a = torch.tensor([1e200, 1e-200, 0.0, float("inf"), float("nan"), 3.0, -1e300],
+                     dtype=torch.float64)
+    b = torch.tensor([1e200, 1e-200, 0.0, float("nan"), 1.0, 4.0, 1e300], dtype=torch.float64)
+    h = torch.tensor([float("-inf"), -0.0, 0.0, 4.0, float("inf"), float("nan"), 2.0]).half()
+    node = trace_node(tmp_path, fn, [torch.rand(7).double(), torch.rand(7).double(),
+                                     torch.rand(7).half()])
+    got = run_model(write_node(node), {"in0": a, "in1": b, "in2": h})
+    for (key, expected), actual in zip(fn(a, b, h).items(), got):
+        actual = torch.from_numpy(actual)
+        assert torch.equal(torch.isnan(actual), torch.isnan(expected)), key
+        torch.testing.assert_close(actual, expected, rtol=1e-12 if key == "hypot" else 0,
+                                   atol=0, equal_nan=True, msg=lambda m: f"{key}: {m}")
+        assert torch.equal(torch.signbit(actual), torch.signbit(expected)), key
+
+
 @pytest.mark.parametrize("case", sorted(SPECIAL_CASES))
 def test_special_values_as_eager(tmp_path, case):
     """NaN stays NaN, infinities and huge values come out as eager's, and indices point
@@ -361,9 +381,10 @@ def test_special_values_as_eager(tmp_path, case):
     sign of a -0.0 it selects (docs/compatibility.md)."""
     fn = SPECIAL_CASES[case]
     y, x = _pairs()
-    rows = torch.tensor(_SPECIAL[3:] + _SPECIAL[:3])  # extremes: NaN in some rows only
-    x = torch.where(torch.eye(len(rows), dtype=torch.bool), rows[:, None], x * 0 + rows) \
-        if case in ("extremes", "variance") else x
+    if case in ("extremes", "variance"):  # ordinary numbers (with ties), one special
+        n = len(_SPECIAL)                   # value per row and column, on the diagonal
+        x = (torch.arange(n * n).reshape(n, n) % 7 - 3).float()
+        x[range(n), range(n)] = torch.tensor(_SPECIAL)
     node = trace_node(tmp_path, fn, [torch.randn(y.shape), torch.randn(x.shape)])
     got = run_model(write_node(node), {"in0": y, "in1": x})
     want = _as_dict(fn(y, x))
@@ -1313,11 +1334,11 @@ def test_onnx_backends_use_the_writer(tmp_path, export_with):
     assert [v.name for v in model.graph.output] == ["actions", "hist"]
     assert [p.key for p in model.metadata_props] == ["leapp_contract"]
     # the opset torch's exporter would choose in this environment (17 under torch 2.7)
-    from leapp.compiling.backends.onnx import default_opset
-    assert model.opset_import[0].version == default_opset()
+    from torch.onnx import _constants
+    assert model.opset_import[0].version == _constants.ONNX_DEFAULT_OPSET
     with open(os.path.join(bundle, "g.yaml"), encoding="utf-8") as handle:
         entry = yaml.safe_load(handle)["models"]["node"]
-    assert entry["parameters"]["opset_version"] == default_opset()
+    assert entry["parameters"]["opset_version"] == _constants.ONNX_DEFAULT_OPSET
     got = run_model(model, {"in0": inputs[0], "in1": inputs[1]})
     with torch.no_grad():
         want = _policy(*inputs)

@@ -159,7 +159,6 @@ def multi_head_attention_forward(call: Call) -> list[Any]:
     if not batched:
         names = [e.op("Unsqueeze", [x, e.ints([1])]) for x in names]
     length, heads = query.shape[0], int(p["num_heads"])
-    batch = query.shape[1] if batched else 1
     embed = query.shape[-1]
     source, head_dim = key.shape[0], embed // heads
     padding = _canonical_mask(call, padding, work)
@@ -175,12 +174,14 @@ def multi_head_attention_forward(call: Call) -> list[Any]:
     if mask is not None and example(p["attn_mask"]).dim() == 2:
         mask = e.op("Unsqueeze", [mask, e.ints([0])])
     q, k, v = _projections(call, p, names, embed, work)
-    q, k, v = (e.op("Transpose", [e.reshape(x, (n, batch * heads, head_dim))], perm=[1, 0, 2])
+    # the batch as -1 throughout: the same model, and one a batched fused model can stack
+    # robots in (open_leading)
+    q, k, v = (e.op("Transpose", [e.reshape(x, (n, -1, head_dim))], perm=[1, 0, 2])
                for x, n in ((q, length), (k, source), (v, source)))
     if padding is not None:  # [batch, source] -> [batch * heads, 1, source]
-        padding = e.op("Expand", [e.reshape(padding, (batch, 1, 1, source)),
-                                  e.ints([batch, heads, 1, source])])
-        padding = e.reshape(padding, (batch * heads, 1, source))
+        padding = e.op("Expand", [e.reshape(padding, (-1, 1, 1, source)),
+                                  e.ints([1, heads, 1, source])])
+        padding = e.reshape(padding, (-1, 1, source))
         mask = padding if mask is None else e.op("Add", [mask, padding])
     weights = None
     if need_weights:
@@ -190,7 +191,7 @@ def multi_head_attention_forward(call: Call) -> list[Any]:
             scores = e.op("Add", [mask, scores])
         weights = e.op("Softmax", [scores], axis=-1)
         attended = e.op("MatMul", [weights, v])
-        weights = e.reshape(weights, (batch, heads, length, source))
+        weights = e.reshape(weights, (-1, heads, length, source))
         if p["average_attn_weights"]:
             weights = e.reduce("ReduceMean", weights, [1], False)
         if not batched:
@@ -198,9 +199,9 @@ def multi_head_attention_forward(call: Call) -> list[Any]:
     else:
         attended = _sdpa(call, q, k, v, 3, length, source, 1.0 / math.sqrt(head_dim), work,
                          add_mask=mask, causal=causal)
-    attended = e.reshape(e.op("Transpose", [attended], perm=[1, 0, 2]), (length * batch, embed))
+    attended = e.reshape(e.op("Transpose", [attended], perm=[1, 0, 2]), (-1, embed))
     out_bias = p["out_proj_bias"]
     result = _linear(call, attended, operand(call, p["out_proj_weight"], work),
                      operand(call, out_bias, work) if out_bias is not None else None)
-    result = e.reshape(result, (length, batch, embed) if batched else (length, embed))
+    result = e.reshape(result, (length, -1, embed) if batched else (length, embed))
     return [result, weights]

@@ -161,7 +161,9 @@ def _power(call: Call, base: object, exponent: object) -> str:
             return finish(call, e.op("Mul", [x, x]), work)
         if exponent == 3:
             return finish(call, e.op("Mul", [e.op("Mul", [x, x]), x]), work)
-        if work.is_floating_point:
+        # float16: eager takes pow, not these shortcuts (pow(-inf, 0.5) = inf, pow(-0, -0.5)
+        # = inf where sqrt gives NaN and -inf)
+        if work.is_floating_point and call.out.dtype != torch.float16:
             if exponent == 0.5:
                 return finish(call, e.op("Sqrt", [x]), work)
             if exponent == -0.5:
@@ -428,13 +430,19 @@ def hypot(call: Call) -> str:
     work = opmath(call.out.dtype)
     a = operand(call, call.args[0], work)
     b = operand(call, call.arg(1, "other"), work)
-    # squares of float32 overflow from 1.8e19; in float64 they are exact and cannot
-    wide = torch.float64
-    a2, b2 = e.cast(a, work, wide), e.cast(b, work, wide)
-    root = e.op("Sqrt", [e.op("Add", [e.op("Mul", [a2, a2]), e.op("Mul", [b2, b2])])])
+    if work == torch.float64:  # m * sqrt((a/m)² + (b/m)²), m = max(|a|, |b|): no overflow
+        m = e.op("Max", [e.op("Abs", [a]), e.op("Abs", [b])])
+        ra, rb = e.op("Div", [a, m]), e.op("Div", [b, m])
+        root = e.op("Mul", [m, e.op("Sqrt", [e.op("Add", [e.op("Mul", [ra, ra]),
+                                                          e.op("Mul", [rb, rb])])])])
+        root = e.op("Where", [e.op("Equal", [m, e.const(0.0, work)]), e.const(0.0, work), root])
+    else:  # squares of float32 overflow from 1.8e19; in float64 they are exact and cannot
+        wide = torch.float64
+        a2, b2 = e.cast(a, work, wide), e.cast(b, work, wide)
+        root = e.cast(e.op("Sqrt", [e.op("Add", [e.op("Mul", [a2, a2]), e.op("Mul", [b2, b2])])]),
+                      wide, work)
     infinite = e.op("Or", [e.op("IsInf", [a]), e.op("IsInf", [b])])  # hypot(inf, NaN) = inf
-    return finish(call, e.op("Where", [infinite, e.const(float("inf"), work),
-                                       e.cast(root, wide, work)]), work)
+    return finish(call, e.op("Where", [infinite, e.const(float("inf"), work), root]), work)
 
 
 @rule("copysign")
