@@ -218,15 +218,20 @@ def _flat_obs(bundle, bidirectional: bool = False) -> str:
             return gru(x.flatten(1).unsqueeze(0))[0].squeeze(0) * 1.0
         return linear(x.flatten(1))
 
-    leapp.start("flat_obs", save_path=bundle.root)
+    return _one_node(bundle, "flat_obs", obs, "img", (1, 2, 3), "jit")
+
+
+def _one_node(bundle, graph: str, fn, port: str, shape: tuple, export_with: str) -> str:
+    """Two traced steps of node obs (fn of one input port), compiled; the YAML's path."""
+    leapp.start(graph, save_path=bundle.root)
     with torch.no_grad():
         for _ in range(2):
-            x = annotate.input_tensors("obs", {"img": torch.randn(1, 2, 3)})
-            annotate.output_tensors("obs", {"a": obs(x)}, export_with="jit")
+            x = annotate.input_tensors("obs", {port: torch.randn(*shape)})
+            annotate.output_tensors("obs", {"a": fn(x)}, export_with=export_with)
     leapp.stop()
     leapp.compile_graph(visualize=False)
     leapp._core.reset_nodes()
-    return os.path.join(bundle.dir("flat_obs"), "flat_obs.yaml")
+    return os.path.join(bundle.dir(graph), f"{graph}.yaml")
 
 
 def _check_fleet(yaml_path: str, output: str, port: str = "obs/img",
@@ -290,15 +295,7 @@ def test_a_written_attention_node_is_batched_as_written(bundle, caplog, monkeypa
         attended, _ = attention(x, x, x)
         return attended.mean(1)
 
-    leapp.start("attend", save_path=bundle.root)
-    with torch.no_grad():
-        for _ in range(2):
-            x = annotate.input_tensors("obs", {"tokens": torch.randn(1, 4, 8)})
-            annotate.output_tensors("obs", {"a": obs(x)}, export_with="onnx")
-    leapp.stop()
-    leapp.compile_graph(visualize=False)
-    leapp._core.reset_nodes()
-    yaml_path = os.path.join(bundle.dir("attend"), "attend.yaml")
+    yaml_path = _one_node(bundle, "attend", obs, "tokens", (1, 4, 8), "onnx")
     with caplog.at_level("INFO", logger="leapp"):
         path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
     assert "cannot be batched" not in caplog.text
