@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..emit import Call, Value, rule
-from .common import example, finish, float_work, operand
+from .common import example, finish, float_work, nan_flags, operand
 
 
 def _sdpa(call: Call, q: str, k: str, v: str, rank: int, length: int, source: int,
@@ -35,8 +35,7 @@ def _sdpa(call: Call, q: str, k: str, v: str, rank: int, length: int, source: in
     # eager's kernel gives zeros for a row whose every score is -inf (every key hidden,
     # or a -inf query), unless a NaN reaches it (ReduceMax passes over NaN: counted apart)
     top = e.reduce("ReduceMax", scores, [rank - 1], True)
-    nan = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [scores]), torch.bool, work),
-                   [rank - 1], True)
+    nan = e.reduce("ReduceMax", nan_flags(call, scores, work), [rank - 1], True)
     empty = e.op("And", [e.op("Equal", [top, e.const(float("-inf"), work)]),
                          e.op("Equal", [nan, e.const(0.0, work)])])
     weights = e.op("Where", [empty, e.const(0.0, work), weights])

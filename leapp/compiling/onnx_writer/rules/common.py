@@ -2,6 +2,7 @@
 values of a given dtype, dims."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -97,3 +98,21 @@ def choose(call: Call, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
         picked = e.op("Where", [cond, e.cast(a, dtype, wider), e.cast(b, dtype, wider)])
         return e.cast(picked, wider, dtype)
     return e.op("Where", [cond, a, b])
+
+
+def nan_flags(call: Call, x: str, work: torch.dtype) -> str:
+    """1 where x is NaN, 0 elsewhere, in work: reduced the way x is, it says where a
+    NaN reached each result."""
+    return call.e.cast(call.e.op("IsNaN", [x]), torch.bool, work)
+
+
+def nan_kept(call: Call, x: str, work: torch.dtype, reduce: Callable[[str], str],
+             reduce_flags: Callable[[str], str] | None = None) -> str:
+    """reduce(x), NaN wherever reduce_flags (reduce itself by default) of x's NaN flags is
+    nonzero: onnxruntime's ReduceMax / ReduceMin / MaxPool pass over a NaN (MaxPool keeps
+    one only first in its window), eager's extreme is NaN wherever a NaN reaches it."""
+    e = call.e
+    seen = (reduce_flags or reduce)(nan_flags(call, x, work))
+    return e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work),
+                          reduce(x)])
+

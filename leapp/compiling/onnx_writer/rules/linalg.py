@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..emit import Call, Value, rule
-from .common import finish, float_work, norm_dim, operand, opmath
+from .common import finish, float_work, nan_kept, norm_dim, operand, opmath
 from .reductions import vector_norm
 
 
@@ -259,13 +259,9 @@ rule("conv_transpose2d")(lambda call: _conv(call, 2, True))
 rule("conv_transpose3d")(lambda call: _conv(call, 3, True))
 
 
-def _nan_sticky_max(call: Call, x: str, work: torch.dtype, op_type: str, **attrs: Any) -> str:
-    """MaxPool / GlobalMaxPool with eager's NaN: onnxruntime's skips a NaN that is not
-    first in its window, eager's max is NaN wherever its window holds one."""
-    e = call.e
-    seen = e.op(op_type, [e.cast(e.op("IsNaN", [x]), torch.bool, work)], **attrs)
-    return e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work),
-                          e.op(op_type, [x], **attrs)])
+def _max_pool(call: Call, x: str, work: torch.dtype, op_type: str, **attrs: Any) -> str:
+    """MaxPool / GlobalMaxPool with eager's NaN (common.nan_kept)."""
+    return nan_kept(call, x, work, lambda t: call.e.op(op_type, [t], **attrs))
 
 
 def _pool(call: Call, n: int, op_type: str) -> str:
@@ -294,7 +290,7 @@ def _pool(call: Call, n: int, op_type: str) -> str:
         xv = e.unsqueeze(xv, [0])
     attrs.update(kernel_shape=kernel, strides=stride, pads=pad + pad, ceil_mode=int(ceil_mode))
     if op_type == "MaxPool":
-        name = _nan_sticky_max(call, xv, work, "MaxPool", **attrs)
+        name = _max_pool(call, xv, work, "MaxPool", **attrs)
     else:
         name = e.op(op_type, [xv], **attrs)
     if unbatched:
@@ -351,24 +347,22 @@ def _adaptive(call: Call, n: int, op_type: str) -> str:
     if unbatched:
         xv = e.unsqueeze(xv, [0])
     if out == [1] * n and op_type == "MaxPool":
-        name = _nan_sticky_max(call, xv, work, "GlobalMaxPool")
+        name = _max_pool(call, xv, work, "GlobalMaxPool")
     elif out == [1] * n:
         name = e.op("Global" + op_type, [xv])
     elif all(s % o == 0 for s, o in zip(size, out)):
         kernel = [s // o for s, o in zip(size, out)]
         if op_type == "MaxPool":
-            name = _nan_sticky_max(call, xv, work, op_type, kernel_shape=kernel, strides=kernel)
+            name = _max_pool(call, xv, work, op_type, kernel_shape=kernel, strides=kernel)
         else:
             name = e.op(op_type, [xv], kernel_shape=kernel, strides=kernel)
     else:
         if op_type == "AveragePool":
             name = e.op("Div", [_adaptive_windows(call, xv, size, out, "ReduceSum"),
                                 e.tensor_const(_window_counts(size, out).to(work))])
-        else:  # ReduceMax passes over NaN; eager's max is NaN where its window holds one
-            nan = e.cast(e.op("IsNaN", [xv]), torch.bool, work)
-            seen = _adaptive_windows(call, nan, size, out, "ReduceMax")
-            name = e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work),
-                                  _adaptive_windows(call, xv, size, out, "ReduceMax")])
+        else:
+            name = nan_kept(call, xv, work,
+                            lambda t: _adaptive_windows(call, t, size, out, "ReduceMax"))
     if unbatched:
         name = e.squeeze(name, [0])
     return finish(call, name, work)

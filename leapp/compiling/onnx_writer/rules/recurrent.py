@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..emit import Call, Value, rule
-from .common import finish, operand, opmath
+from .common import finish, nan_flags, operand, opmath
 
 _ORDER = {"GRU": (1, 0, 2), "LSTM": (0, 3, 1, 2), "RNN": (0,)}
 
@@ -58,13 +58,9 @@ def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: li
     initial cell state stays in its element for the first step (the cell update is
     elementwise) and fills the row from the second."""
     e = call.e
-
-    def nan_of(value: str) -> str:
-        return e.cast(e.op("IsNaN", [value]), torch.bool, work)
-
-    steps = e.reduce("ReduceMax", nan_of(x), [2], False)  # [T, B]
-    start = e.reduce("ReduceMax", nan_of(h0), [2], False)  # [D, B]
-    cell = nan_of(c0) if c0 is not None else None  # [D, B, H]
+    steps = e.reduce("ReduceMax", nan_flags(call, x, work), [2], False)  # [T, B]
+    start = e.reduce("ReduceMax", nan_flags(call, h0, work), [2], False)  # [D, B]
+    cell = nan_flags(call, c0, work) if c0 is not None else None  # [D, B, H]
     nan = e.const(float("nan"), work)
     zero = e.const(0.0, work)
     if length == 1:  # one step (a policy stepping once): its state is the last one

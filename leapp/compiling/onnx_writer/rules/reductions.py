@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..emit import Call, Value, rule
-from .common import dims_arg, finish, norm_dim, operand, opmath
+from .common import dims_arg, finish, nan_flags, nan_kept, norm_dim, operand, opmath
 
 
 def _dim_keep(call: Call, dim_index: int = 1) -> tuple[list[int] | None, bool]:
@@ -23,11 +23,10 @@ def extreme(call: Call, op_type: str, v: str, axes: list[int] | None, keep: bool
     """ReduceMax / ReduceMin with eager's NaN: onnxruntime's pass over a NaN, eager's
     extreme is NaN wherever the reduced values hold one."""
     e = call.e
-    reduced = e.reduce(op_type, v, axes, keep)
     if not work.is_floating_point:
-        return reduced
-    seen = e.reduce("ReduceMax", e.cast(e.op("IsNaN", [v]), torch.bool, work), axes, keep)
-    return e.op("Where", [e.cast(seen, work, torch.bool), e.const(float("nan"), work), reduced])
+        return e.reduce(op_type, v, axes, keep)
+    return nan_kept(call, v, work, lambda t: e.reduce(op_type, t, axes, keep),
+                    lambda flags: e.reduce("ReduceMax", flags, axes, keep))
 
 
 def extreme_index(call: Call, arg_op: str, v: str, axis: int, keep: bool,
@@ -38,7 +37,7 @@ def extreme_index(call: Call, arg_op: str, v: str, axis: int, keep: bool,
     index = e.op(arg_op, [v], axis=axis, keepdims=int(keep), select_last_index=0)
     if not work.is_floating_point:
         return index
-    nan = e.cast(e.op("IsNaN", [v]), torch.bool, torch.int32)
+    nan = nan_flags(call, v, torch.int32)
     first_nan = e.op("ArgMax", [nan], axis=axis, keepdims=int(keep), select_last_index=0)
     seen = e.cast(e.reduce("ReduceMax", nan, [axis], keep), torch.int32, torch.bool)
     return e.op("Where", [seen, first_nan, index])
