@@ -266,21 +266,75 @@ def test_a_written_node_keeps_the_robot_dimension_open(bundle, caplog, monkeypat
     _check_fleet(yaml_path, "obs/a")
 
 
-def test_a_written_node_fixed_to_one_robot_is_batched_through_torchs_exporter(
-        bundle, caplog, monkeypatch):
-    """The writer's bidirectional GRU reshapes its output to the traced [1, 1, 8] (the
-    robot is the GRU's batch): the batched model converts the node again with torch's
-    exporter (a Reshape to [0, 0, -1]), says so, and steps every robot as
-    InferenceManager does."""
+def test_a_written_sequence_first_gru_keeps_the_robot_on_its_batch_axis(bundle, caplog,
+                                                                       monkeypatch):
+    """A bidirectional nn.GRU over one step, sequence first: the robot is the GRU's batch
+    (axis 1), and nn.GRU starts from zeros [2, 1, 4] it makes itself.  The writer
+    unsqueezes by axis, takes the zeros' batch from the sequence at run time and
+    reshapes the output to [0, 0, 8]: the batched model stacks robots on the node as
+    written, as InferenceManager steps each."""
     monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
     yaml_path = _flat_obs(bundle, bidirectional=True)
     with caplog.at_level("INFO", logger="leapp"):
         path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
     assert "Node 'obs' (jit): written to ONNX by leapp's ONNX writer" in caplog.text
-    assert ("written with leapp's ONNX writer (nodes 'obs') cannot be batched" in caplog.text
-            and "converting those nodes with torch's exporter" in caplog.text)
+    assert "cannot be batched" not in caplog.text
+    model = onnx.load(path)
+    targets = {tuple(onnx.numpy_helper.to_array(t).tolist()) for t in model.graph.initializer
+               if t.name.startswith("n0_obs::") and t.data_type == onnx.TensorProto.INT64}
+    assert (0, 0, 8) in targets
     assert read_metadata(path)["batched"] is True
     _check_fleet(yaml_path, "obs/a")
+
+
+@pytest.mark.parametrize("case", ["cell", "padding", "ones"])
+def test_constants_a_node_makes_are_stacked_with_the_robots(bundle, caplog, monkeypatch, case):
+    """Constants of one value the node makes from no input meet the robot's data: the
+    zeros nn.GRUCell starts from when given no state, a torch.zeros-like padding made
+    with new_zeros(x.shape[0], k) and a torch.ones padding, each concatenated.  The
+    writer sizes them from the data at run time, so the batched model steps every
+    robot as InferenceManager does (torch's exporter bakes them at one robot)."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    torch.manual_seed(7)
+    cell = torch.nn.GRUCell(6, 4).eval()
+    linear = torch.nn.Linear(6, ACT).eval()
+    fns = {
+        "cell": lambda x: cell(x.flatten(1)),
+        "padding": lambda x: linear(torch.cat([x.flatten(1)[:, :2],
+                                               x.new_zeros(x.shape[0], 4)], 1)),
+        "ones": lambda x: torch.cat([x.flatten(1), torch.ones(x.shape[0], 2)], 1) * 2,
+    }
+    yaml_path = _one_node(bundle, f"made_{case}", fns[case], "img", (1, 2, 3), "jit")
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "Node 'obs' (jit): written to ONNX by leapp's ONNX writer" in caplog.text
+    assert "cannot be batched" not in caplog.text
+    assert read_metadata(path)["batched"] is True
+    _check_fleet(yaml_path, "obs/a")
+
+
+def test_a_node_that_moves_the_robot_is_refused_after_both_exporters(bundle, caplog,
+                                                                     monkeypatch):
+    """x.reshape(2, x.shape[0], 3) moves the robot into the middle of a reshape (the
+    traced target is [2, 1, 3]): the writer's model cannot stack robots, the batched
+    model tries the node again with torch's exporter, says so, and that one bakes the
+    batch too: refused naming the fix, nothing written."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    torch.manual_seed(8)
+    linear = torch.nn.Linear(6, ACT).eval()
+
+    def obs(x):
+        moved = x.reshape(2, x.shape[0], 3).transpose(0, 1)
+        return linear(moved.reshape(x.shape[0], 6))
+
+    yaml_path = _one_node(bundle, "moved", obs, "img", (1, 2, 3), "jit")
+    with caplog.at_level("INFO", logger="leapp"), \
+            pytest.raises(FuseError, match=r"cannot be batched: .*make it keep the leading "
+                                           r"dimension"):
+        leapp.fuse(yaml_path, batch=True)
+    assert ("written with leapp's ONNX writer (nodes 'obs') cannot be batched" in caplog.text
+            and "converting those nodes with torch's exporter" in caplog.text)
+    assert not [f for f in os.listdir(bundle.dir("moved")) if "fused" in f]
 
 
 def test_a_written_attention_node_is_batched_as_written(bundle, caplog, monkeypatch):

@@ -72,9 +72,10 @@ class Emitter:
         import onnx.helper as helper
         self.helper = helper
         self.opset = opset
-        #: A Reshape keeping a leading dimension of 1 writes it as 0 (copied from its
-        #: input at run time): the same model for the traced shapes, and one that
-        #: steps a batch stacked on that axis (the batched fused model).
+        #: A Reshape keeping its input's leading dimensions writes them as 0 (copied
+        #: from its input at run time): the same model for the traced shapes, and one
+        #: that steps a batch stacked on any of those axes (the batched fused model,
+        #: whose robot may sit first, or second as a sequence-first GRU's batch).
         self.open_leading = open_leading
         self.nodes: list = []
         self.initializers: list = []
@@ -137,8 +138,19 @@ class Emitter:
             return name
         return self.op("Cast", [name], to=onnx_type(dst))
 
-    def reshape(self, name: str, shape: tuple) -> str:
+    def reshape(self, name: str, shape: tuple, source: tuple | None = None) -> str:
+        """Reshape name (of shape source, when known) to shape."""
+        shape = tuple(shape)
+        if self.open_leading and source is not None:
+            kept = 0
+            while kept < min(len(shape), len(source)) and shape[kept] == source[kept]:
+                kept += 1
+            shape = (0,) * kept + shape[kept:]
         return self.op("Reshape", [name, self.ints(shape)])
+
+    def shape_of(self, name: str) -> str:
+        """name's shape at run time (an Expand to it follows a stacked batch)."""
+        return self.op("Shape", [name])
 
     def reduce(self, op_type: str, name: str, axes: list[int] | None, keepdims: bool) -> str:
         """Reduce* over axes (None: all), axes as an input or attribute per opset."""

@@ -112,7 +112,7 @@ def where(call: Call) -> str:
 def isnan(call: Call) -> str:
     x = call.args[0]
     if not x.dtype.is_floating_point:
-        return call.e.op("Expand", [call.e.const(False, torch.bool), call.e.ints(x.shape)])
+        return call.e.op("Expand", [call.e.const(False, torch.bool), call.e.shape_of(x.name)])
     return call.e.op("IsNaN", [operand(call, x, opmath(x.dtype))])
 
 
@@ -120,7 +120,7 @@ def isnan(call: Call) -> str:
 def isinf(call: Call) -> str:
     x = call.args[0]
     if not x.dtype.is_floating_point:
-        return call.e.op("Expand", [call.e.const(False, torch.bool), call.e.ints(x.shape)])
+        return call.e.op("Expand", [call.e.const(False, torch.bool), call.e.shape_of(x.name)])
     return call.e.op("IsInf", [operand(call, x, opmath(x.dtype))])
 
 
@@ -129,6 +129,6 @@ def isfinite(call: Call) -> str:
     e = call.e
     x = call.args[0]
     if not x.dtype.is_floating_point:
-        return e.op("Expand", [e.const(True, torch.bool), e.ints(x.shape)])
+        return e.op("Expand", [e.const(True, torch.bool), e.shape_of(x.name)])
     v = operand(call, x, opmath(x.dtype))
     return e.op("Not", [e.op("Or", [e.op("IsNaN", [v]), e.op("IsInf", [v])])])

@@ -42,6 +42,33 @@ def operand(call: Call, x: Any, dtype: torch.dtype, scalar_dtype: torch.dtype | 
     raise call.refuse(f"an operand of type {type(x).__name__}")
 
 
+def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[int]
+               ) -> str | None:
+    """x, a constant of one value throughout that the node made from no input (the zeros
+    nn.GRU starts from, a torch.zeros(x.shape[0], k) padding), as an Expand whose
+    axes take data's sizes at run time: the same for the traced shapes, and the batched
+    fused model stacks robots on it as on data.  None where x is not such a constant."""
+    e = call.e
+    first = x.example.reshape(-1)[:1]
+    if not (e.open_leading and x.const and first.numel() and bool((x.example == first).all())):
+        return None
+    sizes = e.shape_of(data)
+    parts: list[str] = []
+    fixed: list[int] = []
+    for axis, size in enumerate(x.shape):
+        if axis not in axes:
+            fixed.append(size)
+            continue
+        if fixed:
+            parts.append(e.ints(fixed))
+            fixed = []
+        parts.append(e.slice(sizes, [axis], [axis + 1], [0]))
+    if fixed:
+        parts.append(e.ints(fixed))
+    shape = parts[0] if len(parts) == 1 else e.op("Concat", parts, axis=0)
+    return e.op("Expand", [e.cast(e.tensor_const(first.reshape(())), x.dtype, dtype), shape])
+
+
 def dtype_of(x: Any) -> torch.dtype | None:
     return x.dtype if isinstance(x, (Value, torch.Tensor)) else None
 

@@ -174,12 +174,12 @@ def group_norm(call: Call) -> str:
     weight, bias = call.arg(2, "weight"), call.arg(3, "bias")
     eps = float(call.arg(4, "eps", 1e-5))
     n, c = x.shape[0], x.shape[1]
-    xv = e.reshape(operand(call, x, work), (n, groups, -1))
+    xv = e.reshape(operand(call, x, work), (n, groups, -1), x.shape)
     mean = e.reduce("ReduceMean", xv, [2], True)
     centred = e.op("Sub", [xv, mean])
     var = e.reduce("ReduceMean", e.op("Mul", [centred, centred]), [2], True)
     normed = e.op("Div", [centred, e.op("Sqrt", [e.op("Add", [var, e.const(eps, work)])])])
-    normed = e.reshape(normed, x.shape)
+    normed = e.reshape(normed, x.shape, (n, groups, -1))
     affine_shape = (c,) + (1,) * (x.rank - 2)
     if weight is not None:
         normed = e.op("Mul", [normed, e.reshape(operand(call, weight, work), affine_shape)])

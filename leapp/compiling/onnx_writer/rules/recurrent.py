@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..emit import Call, Value, rule
-from .common import finish, nan_flags, operand, opmath
+from .common import finish, nan_flags, operand, opmath, sized_like
 
 _ORDER = {"GRU": (1, 0, 2), "LSTM": (0, 3, 1, 2), "RNN": (0,)}
 
@@ -104,6 +104,13 @@ def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: li
     return [e.op("Where", [mask, nan, out]) for mask, out in zip(masks, outs)]
 
 
+def _start_state(call: Call, state: Value, work: torch.dtype, data: str, axis: int) -> str:
+    """A recurrent state as an operand; the zeros nn.GRU / nn.GRUCell start from when
+    given no state take their batch (axis: 1 of [layers, B, hidden] and of the [T, B, in]
+    sequence, 0 of a cell's [B, hidden] and [B, in]) from the data (sized_like)."""
+    return sized_like(call, state, work, data, [axis]) or operand(call, state, work)
+
+
 def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
     e = call.e
     x = call.args[0]
@@ -133,11 +140,12 @@ def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
         seq = e.unsqueeze(seq, [1])
     elif batch_first:
         seq = e.op("Transpose", [seq], perm=[1, 0, 2])
-    h_all = operand(call, h_state, work)
-    c_all = operand(call, c_state, work) if c_state is not None else None
     if unbatched:
-        h_all = e.unsqueeze(h_all, [1])
-        c_all = e.unsqueeze(c_all, [1]) if c_all is not None else None
+        h_all = e.unsqueeze(operand(call, h_state, work), [1])
+        c_all = e.unsqueeze(operand(call, c_state, work), [1]) if c_state is not None else None
+    else:
+        h_all = _start_state(call, h_state, work, seq, 1)
+        c_all = _start_state(call, c_state, work, seq, 1) if c_state is not None else None
     t_len = x.shape[0 if (unbatched or not batch_first) else 1]
     last_h, last_c = [], []
     for layer in range(layers):
@@ -157,7 +165,8 @@ def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
         else:
             batch = 1 if unbatched else x.shape[1 if not batch_first else 0]
             seq = e.reshape(e.op("Transpose", [y], perm=[0, 2, 1, 3]),
-                            (t_len, batch, directions * hidden))
+                            (t_len, batch, directions * hidden),
+                            (t_len, batch, directions, hidden))
         last_h.append(outs[1])
         if kind == "LSTM":
             last_c.append(outs[2])
@@ -215,9 +224,13 @@ def _cell(call: Call, kind: str, attrs: dict) -> object:
         raise call.refuse(f"a recurrent cell on {x.dtype}")
     hidden = int(weights[1].shape[1])
     xv = operand(call, x, work)
-    hv = operand(call, h, work) if h is not None else None
-    cv = operand(call, c, work) if c is not None else None
     unbatched = x.rank == 1
+    if unbatched:
+        hv = operand(call, h, work) if h is not None else None
+        cv = operand(call, c, work) if c is not None else None
+    else:
+        hv = _start_state(call, h, work, xv, 0) if h is not None else None
+        cv = _start_state(call, c, work, xv, 0) if c is not None else None
     if unbatched:
         xv = e.unsqueeze(xv, [0])
     batch = 1 if unbatched else x.shape[0]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..emit import Call, Value, rule
-from .common import choose, norm_dim, operand
+from .common import choose, norm_dim, operand, sized_like
 from .indexing import advanced
 
 _BIG = 2 ** 63 - 1
@@ -38,10 +38,18 @@ def reshape(call: Call) -> str:
         raise call.refuse("a view as another dtype (a bit cast)")
     if tuple(call.out.shape) == x.shape:
         return call.e.op("Identity", [x.name])
-    target = tuple(call.out.shape)
-    if call.e.open_leading and x.rank and target and x.shape[0] == 1 and target[0] == 1:
-        target = (0,) + target[1:]  # the leading 1 copied from the input (Emitter)
-    return call.e.reshape(x.name, target)
+    # (un)squeezing names its axes: Unsqueeze / Squeeze keep every other axis open,
+    # where a Reshape's target could only copy the axes before the new one
+    name = rule_name(call)
+    if name in ("unsqueeze", "unsqueeze_copy"):
+        return call.e.unsqueeze(x.name, [norm_dim(int(call.arg(1, "dim")), x.rank + 1)])
+    if name in ("squeeze", "squeeze_copy"):
+        dims = call.arg(1, "dim")
+        dims = range(x.rank) if dims is None else [dims] if isinstance(dims, int) else dims
+        axes = sorted({norm_dim(int(d), x.rank) for d in dims} & {a for a, size in
+                                                                  enumerate(x.shape) if size == 1})
+        return call.e.squeeze(x.name, axes)
+    return call.e.reshape(x.name, tuple(call.out.shape), x.shape)
 
 
 @rule("expand", "expand_as", "broadcast_to", "expand_copy")
@@ -177,7 +185,7 @@ def roll(call: Call) -> str:
         head = e.slice(name, [0], [n - s], [axis])
         name = e.op("Concat", [tail, head], axis=axis)
     if shape != x.shape:
-        name = e.reshape(name, x.shape)
+        name = e.reshape(name, x.shape, shape)
     return name if name != x.name else e.op("Identity", [x.name])
 
 
@@ -192,7 +200,10 @@ def cat(call: Call) -> str:
     if any(not isinstance(t, Value) for t in keep):
         raise call.refuse("a non-tensor in the list")
     axis = norm_dim(int(dim), out.dim())
-    names = [operand(call, t, out.dtype) for t in keep]
+    data = next((t.name for t in keep if not t.const), None)
+    others = [a for a in range(out.dim()) if a != axis]
+    names = [(data is not None and sized_like(call, t, out.dtype, data, others))
+             or operand(call, t, out.dtype) for t in keep]
     if len(names) == 1:
         return e.op("Identity", names)
     return e.op("Concat", names, axis=axis)
@@ -393,7 +404,7 @@ def copy_write(call: Call) -> str:
     name = operand(call, src, dest.dtype)
     if isinstance(src, Value) and src.shape == dest.shape:
         return e.op("Identity", [name])
-    return e.op("Expand", [name, e.ints(dest.shape)])
+    return e.op("Expand", [name, e.shape_of(dest.name)])
 
 
 @rule("gather_positions")
@@ -414,15 +425,17 @@ def scatter_positions(call: Call) -> str:
     return e.reshape(written, dest.shape)
 
 
-def _uniform(call: Call) -> str:
+def _uniform(call: Call) -> Value:
     """A result that does not depend on the input's values: a constant (Expand of one
-    number when every element is the same)."""
+    number when every element is the same), marked as one (sized_like)."""
     e = call.e
     out = call.out.detach()
     flat = out.reshape(-1)
     if flat.numel() > 0 and bool((flat == flat[0]).all()) and out.dim() > 0:
-        return e.op("Expand", [e.tensor_const(flat[:1].reshape(())), e.ints(out.shape)])
-    return e.op("Identity", [e.tensor_const(out)])
+        name = e.op("Expand", [e.tensor_const(flat[:1].reshape(())), e.ints(out.shape)])
+    else:
+        name = e.op("Identity", [e.tensor_const(out)])
+    return Value(name, call.out, const=True)
 
 
 for _name in ("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones",
