@@ -172,7 +172,7 @@ def test_runner_reset_add_remove(fleets):
         fleet.step_robots({"a": {"normaliser/obs": torch.zeros(1, OBS)}})
 
 
-def test_runner_from_yaml_and_refusals(fleets, bundle):
+def test_runner_from_yaml_and_refusals(fleets, bundle, caplog):
     yaml_path, path = fleets["gru"]
     fleet = FleetRunner(yaml_path, 2)  # fused and batched on the fly
     assert fleet.robots == [0, 1] and fleet.input_shapes == {"policy/obs": [OBS]}
@@ -197,13 +197,15 @@ def test_runner_from_yaml_and_refusals(fleets, bundle):
     for _ in range(2):
         obs, mem = annotate.input_tensors("policy", {"obs": torch.rand(2), "memory": memory})
         memory = annotate.output_tensors("policy", {"memory": 0.5 * mem + obs},
-                                         export_with="onnx")
+                                         export_with="jit")  # written: the writer's model
     leapp.stop()
     leapp.compile_graph(visualize=False)
     flat = os.path.join(bundle.dir("flat"), "flat.yaml")
-    with pytest.raises(FuseError, match=r"'policy/obs' has shape \[2\]: a robot's input needs "
-                                        "a leading dimension of 1"):
+    with caplog.at_level("INFO", logger="leapp"), \
+            pytest.raises(FuseError, match=r"'policy/obs' has shape \[2\]: a robot's input "
+                                           "needs a leading dimension of 1"):
         leapp.fuse(flat, batch=True)
+    assert "converting those nodes with torch's exporter" not in caplog.text  # no other try
     assert not [f for f in os.listdir(bundle.dir("flat")) if "fused" in f]
 
 
@@ -329,12 +331,24 @@ def test_a_node_that_moves_the_robot_is_refused_after_both_exporters(bundle, cap
 
     yaml_path = _one_node(bundle, "moved", obs, "img", (1, 2, 3), "jit")
     with caplog.at_level("INFO", logger="leapp"), \
-            pytest.raises(FuseError, match=r"cannot be batched: .*make it keep the leading "
-                                           r"dimension"):
+            pytest.raises(FuseError, match=r"cannot be batched: .*keep the leading dimension: "
+                                           r"x.reshape\(x.shape\[0\], -1\)"):
         leapp.fuse(yaml_path, batch=True)
     assert ("written with leapp's ONNX writer (nodes 'obs') cannot be batched" in caplog.text
             and "converting those nodes with torch's exporter" in caplog.text)
     assert not [f for f in os.listdir(bundle.dir("moved")) if "fused" in f]
+
+
+def test_a_node_that_mixes_the_robots_is_refused_naming_the_reduction(bundle, monkeypatch):
+    """obs - obs.mean() (the getting-started example's centring) averages over the robot
+    axis too: no layout steps robots as one robot at a time, and the refusal names the
+    reduction and its fix."""
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
+    yaml_path = _one_node(bundle, "centred", lambda x: x - x.mean(), "img", (1, 2, 3), "jit")
+    with pytest.raises(FuseError, match=r"a reduction over every axis \(x.mean\(\): give it "
+                                        r"the feature axes"):
+        leapp.fuse(yaml_path, batch=True)
+    assert not [f for f in os.listdir(bundle.dir("centred")) if "fused" in f]
 
 
 def test_a_written_attention_node_is_batched_as_written(bundle, caplog, monkeypatch):

@@ -585,7 +585,11 @@ def _setitems(x, y):
     u[1] = x[0]
     v = x.clone()
     v[..., -1] += 2.0
-    return {"z": z, "w": w, "u": u, "v": v}
+    s = x.clone()
+    s[:] = y  # every position in order (rsl-rl's exporter writes its state so)
+    t = x.clone()
+    t[:] = y[:, :1]  # every position, broadcast
+    return {"z": z, "w": w, "u": u, "v": v, "s": s * 2.0, "t": t + 1.0}
 
 
 def _history(hist, obs):

@@ -260,3 +260,37 @@ def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, back
             want = reference(obs.clone())
             have = manager.run_policy({"policy/obs": obs.clone()})["policy/actions"]
             assert torch.allclose(have, want, rtol=TOL, atol=TOL), (step, (have - want).abs().max())
+
+
+
+def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled):
+    """The exporter wrapper's in-place state write (hidden_state[:] = h, every position
+    in order) is written as h itself: its onnx node's batched fused model stacks robots,
+    and a fleet of three steps each robot as its own copy of the eager wrapper does."""
+    from leapp.fleet import FleetRunner
+
+    actor, _ = make_models("lstm")
+    wrapper = actor.as_jit().eval()
+    robots = [copy.deepcopy(wrapper) for _ in range(3)]
+    leapp.start("wrapper", save_path=str(tmp_path), max_cached_io=TRACE_STEPS)
+    for step in range(TRACE_STEPS):
+        with torch.inference_mode():
+            obs = annotate.input_tensors("policy", {"obs": observations(step)["policy"]})
+            annotate.state_tensors("policy", {"h": wrapper.hidden_state,
+                                              "c": wrapper.cell_state})
+            actions = wrapper(obs)
+            annotate.update_state("policy", {"h": wrapper.hidden_state,
+                                             "c": wrapper.cell_state})
+            annotate.output_tensors("policy", {"actions": actions}, export_with="onnx")
+    leapp.stop()
+    assert leapp.compile_graph(visualize=False) == {"policy": True}
+    yaml_path = os.path.join(str(tmp_path), "wrapper", "wrapper.yaml")
+    path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    fleet = FleetRunner(path, robots=3)
+    with torch.inference_mode():
+        for step in range(RUN_STEPS):
+            obs = [observations(step + 7 * r)["policy"] for r in range(3)]
+            got = fleet.step({"policy/obs": torch.cat(obs)})["policy/actions"]
+            for r, robot in enumerate(robots):
+                want = robot(obs[r].clone())
+                assert torch.allclose(got[r:r + 1], want, rtol=TOL, atol=TOL), (step, r)

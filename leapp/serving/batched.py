@@ -46,6 +46,11 @@ class BatchError(ValueError):
     """The fused model cannot step several robots at once (the message says why)."""
 
 
+class LayoutError(BatchError):
+    """The ports allow a batch, but no layout of the state steps robots as the one-robot
+    model does: a node mixes the robots or fixes their number inside."""
+
+
 def _rest(shape: list[int], axis: int | None) -> list[int]:
     return list(shape) if axis is None else [d for i, d in enumerate(shape) if i != axis]
 
@@ -322,10 +327,12 @@ def batch_model(model: Any, steps: int = 12, seed: int = 0) -> Any:
                             layout, axes)
                 return final
         tried.append(f"{layout or 'no state'}: {problem}")
-    raise BatchError("no layout of the state steps several robots like one robot at a time ("
-                     + "; ".join(tried[:4]) + "). A node probably fixes the batch size inside "
-                     "(a reshape or expand to a constant shape): make it keep the leading "
-                     "dimension (x.reshape(x.shape[0], -1)), compile again and fuse again")
+    raise LayoutError("no layout of the state steps several robots like one robot at a time ("
+                      + "; ".join(tried[:4]) + "). A node probably mixes the robots or fixes "
+                      "their number inside: a reduction over every axis (x.mean(): give it "
+                      "the feature axes, x.mean(-1, keepdim=True)) or a reshape or expand to "
+                      "a constant shape (keep the leading dimension: x.reshape(x.shape[0], "
+                      "-1)); change it, compile again and fuse again")
 
 
 def check_per_robot(path: str, metadata: Mapping[str, Any], managers: list[Any],
@@ -374,4 +381,4 @@ def robot_major_shape(port: Mapping[str, Any]) -> list[int]:
     return _rest(list(port["shape"]), port.get("robot_axis"))
 
 
-__all__ = ["BatchError", "batch_model", "robot_major_shape", "ROBOT_DIM"]
+__all__ = ["BatchError", "LayoutError", "batch_model", "robot_major_shape", "ROBOT_DIM"]

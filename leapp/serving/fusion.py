@@ -371,7 +371,8 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
             batched = _batched.batch_model(single, steps=steps)
             break
         except _batched.BatchError as exc:
-            if not written:
+            # torch's exporters change the layout, not the ports a batch needs
+            if not written or not isinstance(exc, _batched.LayoutError):
                 fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
             # leapp's ONNX writer writes the traced shapes (a flatten as a Reshape to
             # [1, n]): torch's exporters may keep the robot dimension open
