@@ -191,7 +191,10 @@ def test_upstream_bundles_match_recorded_outputs(name):
         outputs = manager.run_policy(inputs)
         assert sorted(outputs) == sorted(manager.outputs)
         for key, value in outputs.items():
-            torch.testing.assert_close(value, expected[f"out/{step}/{key}"], rtol=0, atol=0)
+            # recorded on another CPU: a float32 matmul may round its last bit otherwise
+            # on this one's SIMD path (AVX-512 against AVX2): a few ulps apart, no more
+            torch.testing.assert_close(value, expected[f"out/{step}/{key}"], rtol=1e-6,
+                                       atol=1e-6)
 
 
 def test_upstream_feedback_bundle_structure():

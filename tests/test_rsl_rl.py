@@ -263,10 +263,12 @@ def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, back
 
 
 
-def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled):
+@pytest.mark.parametrize("backend", ["onnx", "jit"])
+def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled, backend, caplog):
     """The exporter wrapper's in-place state write (hidden_state[:] = h, every position
-    in order) is written as h itself: its onnx node's batched fused model stacks robots,
-    and a fleet of three steps each robot as its own copy of the eager wrapper does."""
+    in order) is traced as a broadcast copy of h: the node (its ONNX file, or its
+    TorchScript module written again for the fused model) stacks robots, and a fleet of
+    three steps each robot as its own copy of the eager wrapper does."""
     from leapp.fleet import FleetRunner
 
     actor, _ = make_models("lstm")
@@ -281,11 +283,14 @@ def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled):
             actions = wrapper(obs)
             annotate.update_state("policy", {"h": wrapper.hidden_state,
                                              "c": wrapper.cell_state})
-            annotate.output_tensors("policy", {"actions": actions}, export_with="onnx")
+            annotate.output_tensors("policy", {"actions": actions}, export_with=backend)
     leapp.stop()
     assert leapp.compile_graph(visualize=False) == {"policy": True}
     yaml_path = os.path.join(str(tmp_path), "wrapper", "wrapper.yaml")
-    path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM
+    assert "cannot be batched" not in caplog.text
+    assert "converted to ONNX with torch's exporter" not in caplog.text
     fleet = FleetRunner(path, robots=3)
     with torch.inference_mode():
         for step in range(RUN_STEPS):

@@ -256,7 +256,12 @@ def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
             "of the destination's shape in an assignment; compute the result with torch.where() "
             "or index with a static key instead.")
     with torch._C.DisableTorchFunctionSubclass():
-        positions = torch.arange(dest.numel()).reshape(tuple(dest.shape))[key].clone()
+        order = torch.arange(dest.numel()).reshape(tuple(dest.shape))
+        positions = order[key].clone()
+        if positions.shape == order.shape and torch.equal(positions, order):
+            # dest[:] = value (rsl-rl's exporter writes its LSTM state so): a broadcast
+            # copy, which an exported graph writes without baking dest's shape
+            return copy_write, (base, value), {}
     return index_write, (base, positions, value), {}
 
 

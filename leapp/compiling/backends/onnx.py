@@ -189,9 +189,7 @@ def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
     fn runs once on the example inputs in a private trace (leapp.tracing.node_trace:
     no session state touched), and the node it records is written with the
     writer, its inputs and outputs named as given (a name on both sides becomes
-    <name>_in / <name>_out, as for an exported node: deduplicate_names); a view
-    keeping a leading 1 copies it at run time (open_leading: the batched fused
-    model stacks robots on it).  Returns
+    <name>_in / <name>_out, as for an exported node: deduplicate_names).  Returns
     the ModelProto; raises NotWritten naming why (the writer turned off, a
     running session, a TorchScript construct the tracer cannot run, control
     flow or a data-dependent value, a call without a rule)."""
@@ -212,7 +210,7 @@ def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
     written_in, written_out = deduplicate_names(node, list(input_names), list(output_names))
     try:
         model = onnx_writer.write_model(node, module, inputs, written_in, written_out, opset,
-                                        __version__, open_leading=True)
+                                        __version__)
     except onnx_writer.NoRule as exc:
         raise NotWritten(str(exc)) from None
     except Exception as exc:  # noqa: BLE001  a writer bug must not cost the model

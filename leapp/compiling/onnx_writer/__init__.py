@@ -36,21 +36,22 @@ def enabled() -> bool:
 
 def write_model(node: str, module: torch.fx.GraphModule, example_inputs: list[torch.Tensor],
                 input_names: list[str], output_names: list[str], opset: int,
-                producer_version: str = "", open_leading: bool = False) -> Any:
+                producer_version: str = "") -> Any:
     """The node's ONNX model (onnx.ModelProto): inputs and outputs named and ordered as
     given, static shapes and dtypes as traced, one opset.  Raises NoRule (a call without
     a rule) or WriterError (the written model disagrees with eager).
 
-    open_leading=True (the fused model): a view keeping a leading dimension of 1
-    is a Reshape whose target copies that dimension from its input (0), so that the
-    batched fused model can stack robots on it."""
+    Shapes inside the graph follow the inputs at run time where the node keeps an
+    input's dimensions (a reshape's leading ones, a constant sized like the data it
+    meets): the same model for the traced shapes, and one a batched fused model
+    stacks robots on as written (docs/fuse.md)."""
     import onnx
     from onnx import helper
 
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise NoRule(f"opset {opset}", f"the writer's rules cover opsets {MIN_OPSET}-"
                                        f"{MAX_OPSET}")
-    walk = Walk(module, example_inputs, input_names, output_names, opset, node, open_leading)
+    walk = Walk(module, example_inputs, input_names, output_names, opset, node)
     graph = walk.run()
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="leapp",

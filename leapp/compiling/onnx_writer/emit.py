@@ -68,15 +68,10 @@ def rule_key(node: fx.Node) -> str:
 class Emitter:
     """Collects ONNX nodes and initialisers with unique value names."""
 
-    def __init__(self, opset: int, reserved: set[str], open_leading: bool = False) -> None:
+    def __init__(self, opset: int, reserved: set[str]) -> None:
         import onnx.helper as helper
         self.helper = helper
         self.opset = opset
-        #: A Reshape keeping its input's leading dimensions writes them as 0 (copied
-        #: from its input at run time): the same model for the traced shapes, and one
-        #: that steps a batch stacked on any of those axes (the batched fused model,
-        #: whose robot may sit first, or second as a sequence-first GRU's batch).
-        self.open_leading = open_leading
         self.nodes: list = []
         self.initializers: list = []
         self.used: set[str] = set(reserved)
@@ -139,9 +134,13 @@ class Emitter:
         return self.op("Cast", [name], to=onnx_type(dst))
 
     def reshape(self, name: str, shape: tuple, source: tuple | None = None) -> str:
-        """Reshape name (of shape source, when known) to shape."""
+        """Reshape name (of shape source, when known) to shape.  The dimensions source
+        leads with and shape keeps are written as 0 (copied at run time): the same
+        model for the traced shapes, and one that steps a batch stacked on any of
+        those axes (a batched fused model's robots, first, or second as a
+        sequence-first GRU's batch)."""
         shape = tuple(shape)
-        if self.open_leading and source is not None:
+        if source is not None:
             kept = 0
             while kept < min(len(shape), len(source)) and shape[kept] == source[kept]:
                 kept += 1

@@ -53,7 +53,7 @@ class Walk:
 
     def __init__(self, module: fx.GraphModule, example_inputs: list[torch.Tensor],
                  input_names: list[str], output_names: list[str], opset: int,
-                 node_name: str, open_leading: bool = False) -> None:
+                 node_name: str) -> None:
         self.module = module
         self.example_inputs = example_inputs
         self.input_names = input_names
@@ -66,7 +66,7 @@ class Walk:
             raise WriterError(f"[{node_name}] port names must be distinct across inputs and "
                               f"outputs (shared: {shared}); name state ports <name>_in / "
                               f"<name>_out as the onnx backend does")
-        self.e = Emitter(opset, set(input_names) | set(output_names), open_leading)
+        self.e = Emitter(opset, set(input_names) | set(output_names))
         self.env: dict[fx.Node, Any] = {}
         self.consts: set[fx.Node] = set()
         self.expected: dict[str, torch.Tensor] = {}

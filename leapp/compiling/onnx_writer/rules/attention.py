@@ -174,7 +174,7 @@ def multi_head_attention_forward(call: Call) -> list[Any]:
         mask = e.op("Unsqueeze", [mask, e.ints([0])])
     q, k, v = _projections(call, p, names, embed, work)
     # the batch as -1 throughout: the same model, and one a batched fused model can stack
-    # robots in (open_leading)
+    # robots in
     q, k, v = (e.op("Transpose", [e.reshape(x, (n, -1, head_dim))], perm=[1, 0, 2])
                for x, n in ((q, length), (k, source), (v, source)))
     if padding is not None:  # [batch, source] -> [batch * heads, 1, source]

@@ -50,7 +50,7 @@ def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[i
     fused model stacks robots on it as on data.  None where x is not such a constant."""
     e = call.e
     first = x.example.reshape(-1)[:1]
-    if not (e.open_leading and x.const and first.numel() and bool((x.example == first).all())):
+    if not (x.const and first.numel() and bool((x.example == first).all())):
         return None
     sizes = e.shape_of(data)
     parts: list[str] = []

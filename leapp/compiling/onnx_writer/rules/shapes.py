@@ -383,19 +383,12 @@ def masked_write(call: Call) -> str:
 @rule("index_write")
 def index_write(call: Call) -> str:
     """dest with value at the flat positions idx (a constant): ScatterElements on the
-    flat tensor.  A write of every position in order (rsl-rl's exporter writes its LSTM
-    state as hidden_state[:] = h) is value broadcast to dest's shape at run time, which
-    leaves a stacked batch of robots in place."""
+    flat tensor."""
     e = call.e
     dest, idx, value = call.args[:3]
     if not isinstance(idx, Value):
         raise call.refuse("positions that are not a tensor")
     updates = operand(call, value, dest.dtype)
-    if idx.const and idx.shape == dest.shape and torch.equal(
-            idx.example.reshape(-1).long(), torch.arange(dest.example.numel())):
-        if isinstance(value, Value) and value.shape == dest.shape:
-            return e.op("Identity", [updates])
-        return e.op("Expand", [updates, e.shape_of(dest.name)])
     if not isinstance(value, Value) or value.shape != idx.shape:
         updates = e.op("Expand", [updates, e.ints(idx.shape)])
     flat = e.reshape(dest.name, (-1,))
