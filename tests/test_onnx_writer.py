@@ -589,7 +589,12 @@ def _setitems(x, y):
     s[:] = y  # every position in order (rsl-rl's exporter writes its state so)
     t = x.clone()
     t[:] = y[:, :1]  # every position, broadcast
-    return {"z": z, "w": w, "u": u, "v": v, "s": s * 2.0, "t": t + 1.0}
+    r = torch.zeros(3, 4)
+    r[:] = y[:1]  # [1, 3, 4] into [3, 4]: torch drops the leading 1
+    q = x.clone()
+    q[1, 1:] = y[:1, 1:, :]  # [1, 2, 4] into [2, 4]
+    return {"z": z, "w": w, "u": u, "v": v, "s": s * 2.0, "t": t + 1.0, "r": r - 1.0,
+            "q": q * 3.0}
 
 
 def _history(hist, obs):

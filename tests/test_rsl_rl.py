@@ -231,15 +231,9 @@ def test_actor_critic_recurrent(tmp_path, jit_disabled, memory):
     _check(yaml_path, memory)
 
 
-@pytest.mark.parametrize("backend", ["onnx-dynamo", "jit"])
-def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, backend):
-    """rsl-rl's own TorchScript export wrapper keeps the LSTM state in buffers that its
-    forward overwrites in place (hidden_state[:] = h); declared as state, they become
-    feedback.  With export_with='jit' the node is scripted although TorchScript is
-    disabled (it is switched on for the export only)."""
-    actor, _ = make_models("lstm")
-    wrapper = actor.as_jit().eval()
-    reference = copy.deepcopy(wrapper)
+def _export_wrapper(tmp_path, wrapper: torch.nn.Module, backend: str) -> None:
+    """Trace rsl-rl's export wrapper as node policy, its LSTM buffers declared as state
+    (what the Isaac Lab export script does), and compile it."""
     leapp.start("wrapper", save_path=str(tmp_path), max_cached_io=TRACE_STEPS)
     for step in range(TRACE_STEPS):
         with torch.inference_mode():
@@ -252,6 +246,18 @@ def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, back
             annotate.output_tensors("policy", {"actions": actions}, export_with=backend)
     leapp.stop()
     assert leapp.compile_graph(visualize=False) == {"policy": True}
+
+
+@pytest.mark.parametrize("backend", ["onnx-dynamo", "jit"])
+def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, backend):
+    """rsl-rl's own TorchScript export wrapper keeps the LSTM state in buffers that its
+    forward overwrites in place (hidden_state[:] = h); declared as state, they become
+    feedback.  With export_with='jit' the node is scripted although TorchScript is
+    disabled (it is switched on for the export only)."""
+    actor, _ = make_models("lstm")
+    wrapper = actor.as_jit().eval()
+    reference = copy.deepcopy(wrapper)
+    _export_wrapper(tmp_path, wrapper, backend)
     assert not torch.jit._state._enabled.enabled  # left as the client set it
     manager = leapp.InferenceManager(os.path.join(str(tmp_path), "wrapper", "wrapper.yaml"))
     with torch.inference_mode():
@@ -260,7 +266,6 @@ def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, back
             want = reference(obs.clone())
             have = manager.run_policy({"policy/obs": obs.clone()})["policy/actions"]
             assert torch.allclose(have, want, rtol=TOL, atol=TOL), (step, (have - want).abs().max())
-
 
 
 @pytest.mark.parametrize("backend", ["onnx", "jit"])
@@ -274,18 +279,7 @@ def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled, backen
     actor, _ = make_models("lstm")
     wrapper = actor.as_jit().eval()
     robots = [copy.deepcopy(wrapper) for _ in range(3)]
-    leapp.start("wrapper", save_path=str(tmp_path), max_cached_io=TRACE_STEPS)
-    for step in range(TRACE_STEPS):
-        with torch.inference_mode():
-            obs = annotate.input_tensors("policy", {"obs": observations(step)["policy"]})
-            annotate.state_tensors("policy", {"h": wrapper.hidden_state,
-                                              "c": wrapper.cell_state})
-            actions = wrapper(obs)
-            annotate.update_state("policy", {"h": wrapper.hidden_state,
-                                             "c": wrapper.cell_state})
-            annotate.output_tensors("policy", {"actions": actions}, export_with=backend)
-    leapp.stop()
-    assert leapp.compile_graph(visualize=False) == {"policy": True}
+    _export_wrapper(tmp_path, wrapper, backend)
     yaml_path = os.path.join(str(tmp_path), "wrapper", "wrapper.yaml")
     with caplog.at_level("INFO", logger="leapp"):
         path = leapp.fuse(yaml_path, batch=True)  # checked robot by robot against IM

@@ -265,10 +265,18 @@ def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
     return index_write, (base, positions, value), {}
 
 
+def setitem_value(value: torch.Tensor, rank: int) -> torch.Tensor:
+    """A setitem's value without the leading dimensions of size 1 it has beyond its
+    target's rank, which torch drops (z[:] = x with x [1, 3] and z [3])."""
+    extra = value.dim() - rank
+    return value.reshape(value.shape[extra:]) if extra > 0 else value
+
+
 def index_write(dest: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """dest with value written at the flat positions idx (a functional setitem)."""
     flat = dest.reshape(-1).clone()
-    flat[idx.reshape(-1)] = value.to(dest.dtype).expand(idx.shape).reshape(-1)
+    value = setitem_value(value.to(dest.dtype), idx.dim())
+    flat[idx.reshape(-1)] = value.expand(idx.shape).reshape(-1)
     return flat.reshape(dest.shape)
 
 
@@ -293,8 +301,8 @@ def masked_write(dest: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) ->
 
 
 def copy_write(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """The value dest holds after dest.copy_(src)."""
-    return src.to(dest.dtype).expand(dest.shape).clone()
+    """The value dest holds after dest.copy_(src), or dest[:] = src."""
+    return setitem_value(src.to(dest.dtype), dest.dim()).expand(dest.shape).clone()
 
 
 def filled(dest: torch.Tensor, value: float) -> torch.Tensor:

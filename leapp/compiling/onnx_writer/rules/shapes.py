@@ -402,7 +402,10 @@ def copy_write(call: Call) -> str:
     e = call.e
     dest, src = call.args[:2]
     name = operand(call, src, dest.dtype)
-    if isinstance(src, Value) and src.shape == dest.shape:
+    extra = src.rank - dest.rank if isinstance(src, Value) else 0
+    if extra > 0:  # dest[:] = src drops src's leading 1s (leapp.tracing.ops.setitem_value)
+        name = e.squeeze(name, list(range(extra)))
+    if isinstance(src, Value) and src.shape[max(extra, 0):] == dest.shape:
         return e.op("Identity", [name])
     return e.op("Expand", [name, e.shape_of(dest.name)])
 
