@@ -289,11 +289,12 @@ def test_a_written_sequence_first_gru_keeps_the_robot_on_its_batch_axis(bundle, 
     _check_fleet(yaml_path, "obs/a")
 
 
-@pytest.mark.parametrize("case", ["cell", "padding", "ones"])
+@pytest.mark.parametrize("case", ["cell", "padding", "ones", "like"])
 def test_constants_a_node_makes_are_stacked_with_the_robots(bundle, caplog, monkeypatch, case):
     """Constants of one value the node makes from no input meet the robot's data: the
     zeros nn.GRUCell starts from when given no state, a torch.zeros-like padding made
-    with new_zeros(x.shape[0], k) and a torch.ones padding, each concatenated.  The
+    with new_zeros(x.shape[0], k) and a torch.ones padding, each concatenated, and a
+    zeros_like stacked beside the data.  The
     writer sizes them from the data at run time, so the batched model steps every
     robot as InferenceManager does (torch's exporter bakes them at one robot)."""
     monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)
@@ -305,6 +306,7 @@ def test_constants_a_node_makes_are_stacked_with_the_robots(bundle, caplog, monk
         "padding": lambda x: linear(torch.cat([x.flatten(1)[:, :2],
                                                x.new_zeros(x.shape[0], 4)], 1)),
         "ones": lambda x: torch.cat([x.flatten(1), torch.ones(x.shape[0], 2)], 1) * 2,
+        "like": lambda x: torch.stack([x.flatten(1), torch.zeros_like(x.flatten(1))], 1),
     }
     yaml_path = _one_node(bundle, f"made_{case}", fns[case], "img", (1, 2, 3), "jit")
     with caplog.at_level("INFO", logger="leapp"):

@@ -434,8 +434,12 @@ def _uniform(call: Call) -> Value:
     e = call.e
     out = call.out.detach()
     flat = out.reshape(-1)
+    like = call.args[0] if call.args and isinstance(call.args[0], Value) and \
+        rule_name(call).endswith("_like") and call.args[0].shape == out.shape else None
     if flat.numel() > 0 and bool((flat == flat[0]).all()) and out.dim() > 0:
-        name = e.op("Expand", [e.tensor_const(flat[:1].reshape(())), e.ints(out.shape)])
+        # zeros_like(x) takes x's shape at run time: a stacked batch stays stacked
+        shape = e.shape_of(like.name) if like is not None else e.ints(out.shape)
+        name = e.op("Expand", [e.tensor_const(flat[:1].reshape(())), shape])
     else:
         name = e.op("Identity", [e.tensor_const(out)])
     return Value(name, call.out, const=True)
