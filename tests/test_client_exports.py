@@ -636,3 +636,32 @@ def test_tianshou_actors(tmp_path, backend, kind):
             fresh, _ = _tianshou_act(make_tianshou_actor(kind), kind,
                                      ce.observation(1, TS_ENVS, TS_OBS), _tianshou_zero_state())
         assert not torch.allclose(fresh, want[1], atol=1e-4)
+
+
+# ---- one robot's export, batched for a fleet -----------------------------------
+
+
+@pytest.mark.parametrize("library", [
+    pytest.param("rl_games", marks=_needs("rl_games", "gymnasium")),
+    pytest.param("sb3", marks=_needs("sb3_contrib", "stable_baselines3", "gymnasium"))])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_robot_export_batches_as_written(tmp_path, monkeypatch, caplog, backend,
+                                             library):
+    """rl_games' LSTM player and SB3's RecurrentPPO, exported for one environment as the
+    export scripts drive them, fused with batch=True: every node leapp's ONNX writer
+    wrote (the onnx file, or the jit module written again) stacks robots as written,
+    with no second try through torch's exporters, and the batched model steps each of
+    three robots as one InferenceManager per robot does (fuse checks it)."""
+    from leapp.serving.fusion import read_metadata
+
+    monkeypatch.setitem(globals(), "RLG_ENVS", 1)
+    monkeypatch.setitem(globals(), "SB3_ENVS", 1)
+    export = export_rl_games if library == "rl_games" else export_recurrent_ppo
+    yaml_path = export(str(tmp_path), backend)
+    with caplog.at_level("INFO", logger="leapp"):
+        path = leapp.fuse(yaml_path, batch=True)
+    assert "cannot be batched" not in caplog.text
+    assert "converted to ONNX with torch's exporter" not in caplog.text
+    metadata = read_metadata(path)
+    assert metadata["batched"] is True
+    assert {s["robot_axis"] for s in metadata["state"]} == {1}  # [layers, robot, hidden]
