@@ -56,9 +56,11 @@ BACKENDS = ["jit", "onnx-dynamo"]
 
 
 @pytest.fixture(autouse=True)
-def _written_by_the_writer(request, tmp_path):
+def _written_by_the_writer(request, tmp_path, monkeypatch):
     """Every onnx-dynamo node of these clients' bundles is written by leapp's ONNX writer
-    (unless LEAPP_ONNX_WRITER=torch chose torch's exporter): no fallback."""
+    (unless LEAPP_ONNX_WRITER=torch chose torch's exporter): no fallback.  (monkeypatch,
+    the test's own, is undone after this check: a test that turns the writer back on is
+    checked as one.)"""
     from leapp.compiling import onnx_writer
     yield
     written, fallbacks = writer_census(str(tmp_path))
@@ -654,6 +656,7 @@ def test_one_robot_export_batches_as_written(tmp_path, monkeypatch, caplog, back
     three robots as one InferenceManager per robot does (fuse checks it)."""
     from leapp.serving.fusion import read_metadata
 
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)  # the writer's models, this test
     monkeypatch.setitem(globals(), "RLG_ENVS", 1)
     monkeypatch.setitem(globals(), "SB3_ENVS", 1)
     export = export_rl_games if library == "rl_games" else export_recurrent_ppo

@@ -269,13 +269,15 @@ def test_export_wrapper_with_state_written_in_place(tmp_path, jit_disabled, back
 
 
 @pytest.mark.parametrize("backend", ["onnx", "jit"])
-def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled, backend, caplog):
+def test_export_wrapper_state_batches_for_a_fleet(tmp_path, jit_disabled, backend, caplog,
+                                                  monkeypatch):
     """The exporter wrapper's in-place state write (hidden_state[:] = h, every position
     in order) is traced as a broadcast copy of h: the node (its ONNX file, or its
     TorchScript module written again for the fused model) stacks robots, and a fleet of
     three steps each robot as its own copy of the eager wrapper does."""
     from leapp.fleet import FleetRunner
 
+    monkeypatch.delenv("LEAPP_ONNX_WRITER", raising=False)  # the writer's models, this test
     actor, _ = make_models("lstm")
     wrapper = actor.as_jit().eval()
     robots = [copy.deepcopy(wrapper) for _ in range(3)]
