@@ -254,6 +254,28 @@ def test_mixed_backends_with_feedback(tmp_path, caplog):
     assert manager.nodes["blend"].backend == "pt2"
 
 
+def test_a_dropped_manager_is_freed_at_once(tmp_path):
+    """No reference cycle through the C program (it holds the NumPy converter, not a
+    bound method of the manager): a manager dropped is freed at once, its onnxruntime
+    session (and that session's threads, and on a GPU its memory) with it, not when the
+    garbage collector next runs."""
+    import numpy as np
+
+    path = mixed_bundle(tmp_path)  # jit, onnx and pt2 nodes
+    gc.collect()
+    gc.disable()
+    try:
+        manager = InferenceManager(path)
+        out = manager.run_policy({"pre/x": np.ones((1, 3), dtype=np.float32)})
+        assert out["blend/out"].shape == (1, 3)
+        session = weakref.ref(manager.nodes["policy"].model.session)
+        dropped = weakref.ref(manager)
+        del manager, out
+        assert dropped() is None and session() is None
+    finally:
+        gc.enable()
+
+
 def test_onnx_requires_grad_and_noncontiguous_inputs(tmp_path):
     manager = InferenceManager(mixed_bundle(tmp_path))
     node = manager.nodes["policy"]

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -139,6 +139,36 @@ class _SlotView(MutableMapping):
         return repr(dict(self.items()))
 
 
+def _input_converter(devices: dict[str, torch.device]) -> Callable[[str, Any], Any]:
+    """convert(key, value): the tensor a NumPy array stands for (on the input's device);
+    anything else as is.
+
+    Called by the C program only for a value that does not fit its slot, and by
+    set_input_value.  The array's memory is shared when torch can view it (writable,
+    native byte order, no negative strides); otherwise it is copied.  A closure over the
+    devices alone: the program holding a bound method of the manager would make a
+    reference cycle, and a dropped manager would keep its models (onnxruntime sessions,
+    their threads, GPU memory) until the garbage collector ran.
+    """
+    def convert(key: str, value: Any) -> Any:
+        np = sys.modules.get("numpy")
+        if np is None or not isinstance(value, np.ndarray):
+            return value
+        if (not value.flags.writeable or not value.dtype.isnative
+                or any(stride < 0 for stride in value.strides)):
+            value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
+        try:
+            tensor = torch.from_numpy(value)
+        except TypeError:
+            fatal(f"Input '{key}' is a NumPy array of dtype {value.dtype}, which torch "
+                  "cannot hold; pass a numeric array or a tensor", TypeError)
+        device = devices.get(key)
+        if device is not None and tensor.device != device:
+            tensor = tensor.to(device)
+        return tensor
+    return convert
+
+
 class InferenceManager:
     """Load an exported LEAPP graph from its YAML and run the whole pipeline.
 
@@ -231,6 +261,7 @@ class InferenceManager:
         self._input_device: dict[str, torch.device] = {
             f"{n}/{p}": torch.device(nodes[n].device)
             for (n, p) in self._slot_of if n != OUTPUT_KEY}
+        self._convert_input = _input_converter(self._input_device)
         self._program = _core.Program(
             names=order,
             calls=[nodes[n].call for n in order],
@@ -501,29 +532,6 @@ class InferenceManager:
                     f"call, or set it once with set_input_value('{node}', '{name}', value); "
                     "InferenceManager(..., strict=True) refuses a missing input. "
                     "(Warned once per input.)")
-
-    def _convert_input(self, key: str, value: Any) -> Any:
-        """The tensor a NumPy array stands for (on the input's device); anything else as is.
-
-        Called by the C program only for a value that does not fit its slot, and
-        by set_input_value.  The array's memory is shared when torch can view it
-        (writable, native byte order, no negative strides); otherwise it is copied.
-        """
-        np = sys.modules.get("numpy")
-        if np is None or not isinstance(value, np.ndarray):
-            return value
-        if (not value.flags.writeable or not value.dtype.isnative
-                or any(stride < 0 for stride in value.strides)):
-            value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
-        try:
-            tensor = torch.from_numpy(value)
-        except TypeError:
-            fatal(f"Input '{key}' is a NumPy array of dtype {value.dtype}, which torch "
-                  "cannot hold; pass a numeric array or a tensor", TypeError)
-        device = self._input_device.get(key)
-        if device is not None and tensor.device != device:
-            tensor = tensor.to(device)
-        return tensor
 
     def get_mock_input(self) -> dict[str, torch.Tensor]:
         """Random tensors for every graph input, with its shape, dtype and device."""
