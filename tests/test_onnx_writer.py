@@ -732,7 +732,8 @@ def test_shapes_and_indexing(tmp_path, case):
 
 
 def test_views_write_static_shapes(tmp_path):
-    """Reshape and Expand get eager's static shape, never a -1."""
+    """Reshape and Expand get eager's shape, never a -1 (a kept leading dimension may
+    be a 0, copied from the input)."""
     model = check_case(tmp_path, lambda x: {"r": x.reshape(-1, 2), "e": x[:1].expand(-1, 4)},
                        [f(3, 4)])
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -1289,6 +1290,25 @@ def test_float64_without_an_onnxruntime_kernel_is_refused(tmp_path):
     node = trace_node(tmp_path, lambda x: {"y": F.elu(x.double())}, [torch.randn(3)])
     with pytest.raises(onnx_writer.NoRule, match="Elu on float64"):
         write_node(node)
+
+
+@pytest.mark.parametrize("key", ["new_tensor", "full_like"])
+def test_a_made_tensor_with_data_from_the_inputs_is_refused(tmp_path, key):
+    """x.new_tensor(y) and full_like(x, y.sum()) take their values from the node's
+    inputs: refused (torch's exporter then), not written as the traced values."""
+    fn = {"new_tensor": lambda x, y: {"z": x.new_tensor(y) + x},
+          "full_like": lambda x, y: {"z": torch.full_like(x, y.sum()) * x}}[key]
+    node = trace_node(tmp_path, fn, [torch.randn(2, 3), torch.randn(2, 3)])
+    with pytest.raises(onnx_writer.NoRule, match="a value computed from the node's inputs"):
+        write_node(node)
+
+
+def test_a_constant_of_mixed_zeros_keeps_their_signs(tmp_path):
+    """[0.0, -0.0] is not one value: concatenated to the data it is written as it is, so
+    1 / it gives +inf and -inf as eager does (not an Expand of its first zero)."""
+    zeros = torch.tensor([[0.0, -0.0]])
+    check_case(tmp_path, lambda x: {"y": 1.0 / torch.cat([x, zeros], 0)}, [f(1, 2)],
+               exact=True)
 
 
 @pytest.mark.parametrize("key", ["mask", "mask_and_index"])

@@ -374,8 +374,8 @@ def _fuse_batched(the_plan: Plan, manager: Any, tmp: str, out: str, steps: int, 
             # torch's exporters change the layout, not the ports a batch needs
             if not written or not isinstance(exc, _batched.LayoutError):
                 fail(f"The fused model of {quote(the_plan.pipeline)} cannot be batched: {exc}")
-            # leapp's ONNX writer writes the traced shapes (a flatten as a Reshape to
-            # [1, n]): torch's exporters may keep the robot dimension open
+            # a node that moves the robot axis: torch's exporters, whose graphs
+            # follow other shapes at run time, may still stack robots on it
             logger.warning("The fused model of %s written with leapp's ONNX writer (nodes %s) "
                            "cannot be batched (%s); converting those nodes with torch's "
                            "exporter for the batched model", quote(the_plan.pipeline),

@@ -269,7 +269,12 @@ def setitem_value(value: torch.Tensor, rank: int) -> torch.Tensor:
     """A setitem's value without the leading dimensions of size 1 it has beyond its
     target's rank, which torch drops (z[:] = x with x [1, 3] and z [3])."""
     extra = value.dim() - rank
-    return value.reshape(value.shape[extra:]) if extra > 0 else value
+    if extra <= 0:
+        return value
+    if any(size != 1 for size in value.shape[:extra]):  # eager refuses it first
+        raise RuntimeError(f"a value of shape {list(value.shape)} cannot be written into "
+                           f"{rank} dimensions")
+    return value.reshape(value.shape[extra:])
 
 
 def index_write(dest: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,32 @@ def operand(call: Call, x: Any, dtype: torch.dtype, scalar_dtype: torch.dtype | 
     raise call.refuse(f"an operand of type {type(x).__name__}")
 
 
+def rule_name(call: Call) -> str:
+    """The name of the torch call a rule is writing (``squeeze``, ``zeros_like``, ...)."""
+    target = call.node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def one_value(t: torch.Tensor) -> torch.Tensor | None:
+    """t's one value (a 0-d tensor) when every element is the same bit for bit (0.0
+    and -0.0 differ, a NaN is never the same), else None (also for an empty t)."""
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0 or t.is_complex():
+        return None
+    first = flat[:1]
+    if t.is_floating_point():
+        if bool(torch.isnan(first).any()):
+            return None
+        bits = _BITS[t.element_size()]
+        same = bool((flat.view(bits) == first.view(bits)).all())
+    else:
+        same = bool((flat == first).all())
+    return first.reshape(()) if same else None
+
+
 def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[int]
                ) -> str | None:
     """x, a constant of one value throughout that the node made from no input (the zeros
@@ -49,8 +75,8 @@ def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[i
     axes take data's sizes at run time: the same for the traced shapes, and the batched
     fused model stacks robots on it as on data.  None where x is not such a constant."""
     e = call.e
-    first = x.example.reshape(-1)[:1]
-    if not (x.const and first.numel() and bool((x.example == first).all())):
+    first = one_value(x.example) if x.const else None
+    if first is None:
         return None
     sizes = e.shape_of(data)
     parts: list[str] = []
@@ -66,7 +92,7 @@ def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[i
     if fixed:
         parts.append(e.ints(fixed))
     shape = parts[0] if len(parts) == 1 else e.op("Concat", parts, axis=0)
-    return e.op("Expand", [e.cast(e.tensor_const(first.reshape(())), x.dtype, dtype), shape])
+    return e.op("Expand", [e.cast(e.tensor_const(first), x.dtype, dtype), shape])
 
 
 def dtype_of(x: Any) -> torch.dtype | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..emit import Call, Value, rule
-from .common import dims_arg, finish, nan_flags, nan_kept, norm_dim, operand, opmath
+from .common import (dims_arg, finish, nan_flags, nan_kept, norm_dim, operand, opmath,
+                     rule_name)
 
 
 def _dim_keep(call: Call, dim_index: int = 1) -> tuple[list[int] | None, bool]:
@@ -388,7 +389,7 @@ def argsort(call: Call) -> str:
 @rule("var_mean", "std_mean")
 def var_mean(call: Call) -> list[str]:
     value, work = _variance(call)
-    if rule_name_of(call) == "std_mean":
+    if rule_name(call) == "std_mean":
         value = call.e.op("Sqrt", [value])
     x = call.args[0]
     dim = call.arg(1, "dim")
@@ -397,11 +398,6 @@ def var_mean(call: Call) -> list[str]:
     mean = call.e.reduce("ReduceMean", operand(call, x, work), axes, keep)
     dtype = call.out[0].dtype
     return [call.e.cast(value, work, dtype), call.e.cast(mean, work, dtype)]
-
-
-def rule_name_of(call: Call) -> str:
-    target = call.node.target
-    return target if isinstance(target, str) else getattr(target, "__name__", "")
 
 
 @rule("norm")

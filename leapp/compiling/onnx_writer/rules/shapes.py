@@ -1,5 +1,7 @@
-"""Shapes, views and indexing: every view writes eager's static result shape
-(Reshape / Expand to the traced shape, never -1), permutations as Transpose,
+"""Shapes, views and indexing: every view writes eager's result shape (Reshape /
+Expand to the traced shape, never -1; the leading dimensions a reshape keeps
+from its input as 0, and an expand to an input's whole shape as that input's
+Shape, both copied at run time), permutations as Transpose,
 basic indexing as Slice / Gather / Unsqueeze, a tensor index as Gather, keys
 mixing tensor indices computed from the inputs with other parts as eager indexes
 (rules.indexing), any other constant key as one Gather of the flat positions it
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from ..emit import Call, Value, rule
-from .common import choose, norm_dim, operand, sized_like
+from .common import choose, norm_dim, one_value, operand, rule_name, sized_like
 from .indexing import advanced
 
 _BIG = 2 ** 63 - 1
@@ -356,11 +358,6 @@ def scatter(call: Call) -> str:
                 reduction=reduction)
 
 
-def rule_name(call: Call) -> str:
-    target = call.node.target
-    return target if isinstance(target, str) else getattr(target, "__name__", "")
-
-
 @rule("masked_fill")
 def masked_fill(call: Call) -> str:
     e = call.e
@@ -428,21 +425,43 @@ def scatter_positions(call: Call) -> str:
     return e.reshape(written, dest.shape)
 
 
+#: The calls _uniform writes whose first tensor argument gives the result's dtype
+#: (and for *_like its shape) and nothing else: its values are never read.
+_TYPED_BY_FIRST = ("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros",
+                   "new_ones", "new_full", "new_empty", "new_tensor", "filled", "zeroed")
+
+
 def _uniform(call: Call) -> Value:
     """A result that does not depend on the input's values: a constant (Expand of one
-    number when every element is the same), marked as one (sized_like)."""
+    number when every element is the same), marked as one (sized_like).  A call with
+    another argument computed from the node's inputs (x.new_tensor(y), full_like(x,
+    y.sum())) is refused: its result is not a constant."""
     e = call.e
+    name = rule_name(call)
+    typed_by = call.args[0] if name in _TYPED_BY_FIRST and call.args else None
+    if any(isinstance(v, Value) and not v.const and v is not typed_by
+           for v in _values(list(call.args) + list(call.kwargs.values()))):
+        raise call.refuse("a value computed from the node's inputs as its data")
     out = call.out.detach()
-    flat = out.reshape(-1)
-    like = call.args[0] if call.args and isinstance(call.args[0], Value) and \
-        rule_name(call).endswith("_like") and call.args[0].shape == out.shape else None
-    if flat.numel() > 0 and bool((flat == flat[0]).all()) and out.dim() > 0:
+    first = one_value(out) if out.dim() > 0 else None
+    like = typed_by if isinstance(typed_by, Value) and name.endswith("_like") and \
+        typed_by.shape == tuple(out.shape) else None
+    if first is not None:
         # zeros_like(x) takes x's shape at run time: a stacked batch stays stacked
         shape = e.shape_of(like.name) if like is not None else e.ints(out.shape)
-        name = e.op("Expand", [e.tensor_const(flat[:1].reshape(())), shape])
+        name = e.op("Expand", [e.tensor_const(first), shape])
     else:
         name = e.op("Identity", [e.tensor_const(out)])
     return Value(name, call.out, const=True)
+
+
+def _values(obj: Any) -> list:
+    """The leaves of nested argument lists, tuples and dicts."""
+    if isinstance(obj, (list, tuple)):
+        return [v for o in obj for v in _values(o)]
+    if isinstance(obj, dict):
+        return _values(list(obj.values()))
+    return [obj]
 
 
 for _name in ("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones",
