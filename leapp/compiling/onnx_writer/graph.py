@@ -111,15 +111,13 @@ class Walk:
     def _wrap(self, result: Any, example: Any, node: fx.Node) -> Any:
         """The rule's name(s) paired with eager's example value(s)."""
         if isinstance(example, torch.Tensor):
-            if isinstance(result, Value):  # a rule's own Value (a constant, say)
-                if example.dtype not in _SUPPORTED_DTYPES:
-                    raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
-                self.expected.setdefault(result.name, example)
-                return result
-            if not isinstance(result, str):
+            if not isinstance(result, (str, Value)):
                 raise WriterError(f"rule for {op_label(node)} returned {result!r}")
             if example.dtype not in _SUPPORTED_DTYPES:
                 raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
+            if isinstance(result, Value):  # a rule's own Value (a constant, say)
+                self.expected.setdefault(result.name, example)
+                return result
             self.expected[result] = example
             return Value(result, example)
         if isinstance(example, (tuple, list)):

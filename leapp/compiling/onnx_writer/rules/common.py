@@ -68,16 +68,16 @@ def one_value(t: torch.Tensor) -> torch.Tensor | None:
     return first.reshape(()) if same else None
 
 
-def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str, axes: list[int]
-               ) -> str | None:
-    """x, a constant of one value throughout that the node made from no input (the zeros
-    nn.GRU starts from, a torch.zeros(x.shape[0], k) padding), as an Expand whose
-    axes take data's sizes at run time: the same for the traced shapes, and the batched
-    fused model stacks robots on it as on data.  None where x is not such a constant."""
+def sized_like(call: Call, x: Value, dtype: torch.dtype, data: str | None,
+               axes: list[int]) -> str:
+    """x as an operand of dtype.  A constant of one value throughout that the node made
+    from no input (the zeros nn.GRU starts from, a torch.zeros(x.shape[0], k) padding)
+    is an Expand whose axes take data's sizes at run time: the same for the traced
+    shapes, and the batched fused model stacks robots on it as on data."""
     e = call.e
-    first = one_value(x.example) if x.const else None
+    first = one_value(x.example) if x.const and data is not None else None
     if first is None:
-        return None
+        return operand(call, x, dtype)
     sizes = e.shape_of(data)
     parts: list[str] = []
     fixed: list[int] = []

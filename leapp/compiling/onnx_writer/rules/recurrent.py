@@ -104,13 +104,6 @@ def _keep_nan(call: Call, x: str, length: int, h0: str, c0: str | None, outs: li
     return [e.op("Where", [mask, nan, out]) for mask, out in zip(masks, outs)]
 
 
-def _start_state(call: Call, state: Value, work: torch.dtype, data: str, axis: int) -> str:
-    """A recurrent state as an operand; the zeros nn.GRU / nn.GRUCell start from when
-    given no state take their batch (axis: 1 of [layers, B, hidden] and of the [T, B, in]
-    sequence, 0 of a cell's [B, hidden] and [B, in]) from the data (sized_like)."""
-    return sized_like(call, state, work, data, [axis]) or operand(call, state, work)
-
-
 def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
     e = call.e
     x = call.args[0]
@@ -140,12 +133,14 @@ def _sequence(call: Call, kind: str, attrs: dict) -> list[str]:
         seq = e.unsqueeze(seq, [1])
     elif batch_first:
         seq = e.op("Transpose", [seq], perm=[1, 0, 2])
+    # the zeros nn.GRU / nn.LSTM start from when given no state: the batch (axis 1 of
+    # [layers, B, hidden] and of the [T, B, in] sequence) from the sequence (sized_like)
+    data = None if unbatched else seq
+    h_all = sized_like(call, h_state, work, data, [1])
+    c_all = sized_like(call, c_state, work, data, [1]) if c_state is not None else None
     if unbatched:
-        h_all = e.unsqueeze(operand(call, h_state, work), [1])
-        c_all = e.unsqueeze(operand(call, c_state, work), [1]) if c_state is not None else None
-    else:
-        h_all = _start_state(call, h_state, work, seq, 1)
-        c_all = _start_state(call, c_state, work, seq, 1) if c_state is not None else None
+        h_all = e.unsqueeze(h_all, [1])
+        c_all = e.unsqueeze(c_all, [1]) if c_all is not None else None
     t_len = x.shape[0 if (unbatched or not batch_first) else 1]
     last_h, last_c = [], []
     for layer in range(layers):
@@ -225,12 +220,10 @@ def _cell(call: Call, kind: str, attrs: dict) -> object:
     hidden = int(weights[1].shape[1])
     xv = operand(call, x, work)
     unbatched = x.rank == 1
-    if unbatched:
-        hv = operand(call, h, work) if h is not None else None
-        cv = operand(call, c, work) if c is not None else None
-    else:
-        hv = _start_state(call, h, work, xv, 0) if h is not None else None
-        cv = _start_state(call, c, work, xv, 0) if c is not None else None
+    # the zeros nn.GRUCell starts from: the batch (axis 0 of [B, hidden]) from [B, in]
+    data = None if unbatched else xv
+    hv = sized_like(call, h, work, data, [0]) if h is not None else None
+    cv = sized_like(call, c, work, data, [0]) if c is not None else None
     if unbatched:
         xv = e.unsqueeze(xv, [0])
     batch = 1 if unbatched else x.shape[0]

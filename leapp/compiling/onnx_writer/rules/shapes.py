@@ -204,8 +204,7 @@ def cat(call: Call) -> str:
     axis = norm_dim(int(dim), out.dim())
     data = next((t.name for t in keep if not t.const), None)
     others = [a for a in range(out.dim()) if a != axis]
-    names = [(data is not None and sized_like(call, t, out.dtype, data, others))
-             or operand(call, t, out.dtype) for t in keep]
+    names = [sized_like(call, t, out.dtype, data, others) for t in keep]
     if len(names) == 1:
         return e.op("Identity", names)
     return e.op("Concat", names, axis=axis)
@@ -449,10 +448,10 @@ def _uniform(call: Call) -> Value:
     if first is not None:
         # zeros_like(x) takes x's shape at run time: a stacked batch stays stacked
         shape = e.shape_of(like.name) if like is not None else e.ints(out.shape)
-        name = e.op("Expand", [e.tensor_const(first), shape])
+        written = e.op("Expand", [e.tensor_const(first), shape])
     else:
-        name = e.op("Identity", [e.tensor_const(out)])
-    return Value(name, call.out, const=True)
+        written = e.op("Identity", [e.tensor_const(out)])
+    return Value(written, call.out, const=True)
 
 
 def _values(obj: Any) -> list:
