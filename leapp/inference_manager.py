@@ -7,7 +7,8 @@
 from .running.inference_manager import (  # noqa: F401
     InferenceManager, InferenceNode, NodeManager,
 )
+from .bundle.ports import InferencePort, PortLookupError  # noqa: F401
 
 __all__ = [
-    "InferenceManager", "InferenceNode", "NodeManager",
+    "InferenceManager", "InferenceNode", "NodeManager", "InferencePort", "PortLookupError",
 ]

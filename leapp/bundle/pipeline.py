@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping
 
 from .dtypes import BY_NAME, SPELLINGS
 from .log import reject
+from .ports import INPUT, OUTPUT, InferencePort, PortCatalog, port_record
 from .safe_load import (BUNDLE_DOCUMENTS, MAX_BUNDLE_PORT_BYTES, check_port_bytes, fail,
                         parse_shape, quote, size_text)
 from . import wiring
@@ -341,7 +342,7 @@ class Feed:
 
 
 @dataclass(frozen=True, slots=True)
-class Pipeline:
+class Pipeline(PortCatalog):
     """A bundle's pipeline, checked and read-only.
 
     ``nodes`` keep the YAML's order; ``run_order`` puts producers before
@@ -354,6 +355,11 @@ class Pipeline:
     (without the reader's checks: the session checked its wiring as it was
     traced) and writes the copy as it is.  Every pipeline is complete and
     read-only from construction on; none is filled in later.
+
+    The port catalogue (``input_ports``, ``output_ports``, ``feedback_ports``,
+    ``input_by_kind`` ...; ``leapp.bundle.ports``) is read from the YAML alone:
+    its records have no device and do not say whether an output is static
+    (``InferenceManager``'s do).
     """
 
     nodes: Mapping[str, Node]
@@ -368,6 +374,9 @@ class Pipeline:
     # the documents a compiled pipeline writes (its own copy); None for one read from YAML
     _documents: tuple[dict[str, Any], ...] | None = field(default=None, repr=False,
                                                           compare=False)
+    # the port catalogue, built when first read (never part of what the pipeline says)
+    _catalog: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
     @classmethod
     def from_compile(cls, models: dict[str, Any], section: dict[str, Any],
@@ -509,6 +518,79 @@ class Pipeline:
 
     def output_keys(self) -> list[str]:
         return [join_key(n, p) for n, p in self.outputs]
+
+    # ---- the port catalogue (leapp.bundle.ports) ---------------------------
+
+    def port_catalog(self, devices: Mapping[str, Any] | None = None,
+                     static: Mapping[tuple[str, str], bool] | None = None
+                     ) -> dict[str, Mapping[str, InferencePort]]:
+        """``{"inputs", "outputs", "feedback"}``: the graph inputs, the graph outputs
+        and the feedback targets as :class:`~leapp.bundle.ports.InferencePort` records
+        keyed ``"node/port"``, in the YAML's order.
+
+        ``devices``: ``{node: device}`` where a runtime keeps each node's tensors;
+        ``static``: ``{(node, output): bool}``, whether a node's model computes the
+        output from none of its inputs.  Both unknown (None on the records) by default.
+        """
+        devices = devices or {}
+        static = static or {}
+
+        def record(node: str, name: str, side: str, source: str | None = None) -> InferencePort:
+            port = self.port(node, name, "inputs" if side == INPUT else "outputs")
+            assert port is not None  # the reader checked every graph port and edge
+            return port_record(port.entry, node, side, shape=port.shape, dtype=port.dtype,
+                               device=devices.get(node), static=static.get((node, name)),
+                               source=source)
+
+        feedback: dict[str, InferencePort] = {}
+        for edge in self.feedback_edges():
+            if edge.target not in feedback:
+                feedback[edge.target] = record(edge.dst_node, edge.dst_port, INPUT, edge.source)
+        return {
+            "inputs": MappingProxyType({join_key(n, p): record(n, p, INPUT)
+                                        for n, p in self.inputs}),
+            "outputs": MappingProxyType({join_key(n, p): record(n, p, OUTPUT)
+                                         for n, p in self.outputs}),
+            "feedback": MappingProxyType(feedback)}
+
+    def _ports(self) -> dict[str, Mapping[str, InferencePort]]:
+        built = self._catalog.get("ports")
+        if built is None:
+            built = self._catalog["ports"] = self.port_catalog()
+        return built
+
+    @property
+    def input_ports(self) -> Mapping[str, InferencePort]:
+        """The graph inputs as port records, keyed ``"node/port"``, in YAML order."""
+        return self._ports()["inputs"]
+
+    @property
+    def output_ports(self) -> Mapping[str, InferencePort]:
+        """The graph outputs as port records, keyed ``"node/port"``, in YAML order."""
+        return self._ports()["outputs"]
+
+    @property
+    def feedback_ports(self) -> Mapping[str, InferencePort]:
+        """Every feedback target as a port record (``source``: the output feeding it),
+        keyed ``"node/input"``, in the order of ``feedback_flow``."""
+        return self._ports()["feedback"]
+
+    @property
+    def configs(self) -> Mapping[str, Any]:
+        """The pipeline's ``configs`` (``GraphConfigs``: frequency and project fields),
+        read-only; empty when the YAML has none."""
+        configs = self.sections.get("configs")
+        return configs if isinstance(configs, Mapping) else MappingProxyType({})
+
+    @property
+    def frequency(self) -> float | None:
+        """The rate in Hz the pipeline must run at (``configs.frequency``); None when the
+        YAML names none, or names something that is not a positive number."""
+        value = self.configs.get("frequency")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value > 0:
+            return value
+        return None
 
     def with_extra(self, key: str, value: Any) -> "Pipeline":
         """This pipeline with the top-level document ``key`` (after the three of

@@ -37,7 +37,9 @@ from leapp import _core
 from leapp.bundle.log import fatal, logger, reject
 from leapp.bundle.safe_load import BundleError, bundle_file, clip, load_yaml, open_regular, quote
 from leapp.models.load import load_node
+from leapp.models.static_outputs import static_outputs
 from leapp.bundle.pipeline import OUTPUT_KEY, Node, Pipeline, join_key, split_key
+from leapp.bundle.ports import InferencePort, PortCatalog
 
 
 class InferenceNode:
@@ -169,7 +171,7 @@ def _input_converter(devices: dict[str, torch.device]) -> Callable[[str, Any], A
     return convert
 
 
-class InferenceManager:
+class InferenceManager(PortCatalog):
     """Load an exported LEAPP graph from its YAML and run the whole pipeline.
 
     Args:
@@ -184,6 +186,14 @@ class InferenceManager:
             value with a one-time warning.  An input given a value with
             ``set_input_value`` may be left out either way.  (Upstream's
             ``InferenceManager`` has no such parameter; it reuses silently.)
+
+    The port catalogue (docs/runtime.md): ``input_ports``, ``output_ports`` and
+    ``feedback_ports`` map ``"node/port"`` keys to
+    :class:`~leapp.bundle.ports.InferencePort` records (kind, element names,
+    shape, dtype, device, static, ...); ``input_by_kind`` / ``inputs_by_kind``
+    and ``output_by_kind`` / ``outputs_by_kind`` find ports by kind; ``configs``
+    and ``frequency`` give the pipeline's configs; ``zeros_input()`` a step's
+    inputs, zeroed.  A robot program needs nothing else of the YAML.
 
     Thread safety: one manager may be shared by threads.  ``run_policy``,
     ``set_input_value`` and ``reset`` hold one lock, so each step runs whole,
@@ -533,13 +543,25 @@ class InferenceManager:
                     "InferenceManager(..., strict=True) refuses a missing input. "
                     "(Warned once per input.)")
 
-    def get_mock_input(self) -> dict[str, torch.Tensor]:
-        """Random tensors for every graph input, with its shape, dtype and device."""
-        mock = {}
+    def _graph_input_specs(self) -> Iterator[tuple[str, tuple[int, ...], torch.dtype, str]]:
+        """(key, shape, dtype, device) of every graph input, in YAML order."""
         for node_name, name in self.graph.inputs:
             node = self.nodes[node_name]
             i = node.input_names.index(name)
-            shape, dtype, device = node.input_shapes[i], node.input_dtypes[i], node.device
+            yield (join_key(node_name, name), node.input_shapes[i], node.input_dtypes[i],
+                   node.device)
+
+    def zeros_input(self) -> dict[str, torch.Tensor]:
+        """Zeros for every graph input, with its shape, dtype and device: the inputs of a
+        step, ready to be filled (``inputs[port.key][...] = value``).  A new dict of new
+        tensors on every call."""
+        return {key: torch.zeros(shape, dtype=dtype, device=device)
+                for key, shape, dtype, device in self._graph_input_specs()}
+
+    def get_mock_input(self) -> dict[str, torch.Tensor]:
+        """Random tensors for every graph input, with its shape, dtype and device."""
+        mock = {}
+        for key, shape, dtype, device in self._graph_input_specs():
             if dtype == torch.bool:
                 value = torch.randint(0, 2, shape, device=device).bool()
             elif dtype.is_floating_point:
@@ -547,7 +569,7 @@ class InferenceManager:
             else:
                 high = min(256, torch.iinfo(dtype).max + 1)
                 value = torch.randint(0, high, shape, dtype=dtype, device=device)
-            mock[f"{node_name}/{name}"] = value
+            mock[key] = value
         return mock
 
     @property
@@ -564,6 +586,57 @@ class InferenceManager:
     def feedback_inputs(self) -> list[str]:
         """Every feedback target ``"node/input"`` of ``feedback_flow``."""
         return [edge.target for edge in self.graph.feedback_edges()]
+
+    # ---- the port catalogue (leapp.bundle.ports) -----------------------------
+
+    def _catalog(self) -> dict[str, Mapping[str, InferencePort]]:
+        """The port records, built when first read: the pipeline's, with each node's
+        device and, for graph outputs, whether the node's model computes them from no
+        input (leapp.models.static_outputs)."""
+        built = self.__dict__.get("_ports")
+        if built is None:
+            devices = {name: torch.device(node.device) for name, node in self.nodes.items()}
+            static: dict[tuple[str, str], bool] = {}
+            for name in dict.fromkeys(node for node, _ in self.graph.outputs):
+                node = self.nodes[name]
+                flags = static_outputs(node.backend, node.model, node.model_path,
+                                       len(node.output_names))
+                if flags is not None:
+                    static.update({(name, port): flag
+                                   for port, flag in zip(node.output_names, flags)})
+            built = self.graph.port_catalog(devices, static)
+            self._ports = built
+        return built
+
+    @property
+    def input_ports(self) -> Mapping[str, InferencePort]:
+        """The graph inputs as port records keyed like ``inputs`` (``"node/input"``),
+        in the same order: kind, element names, shape, dtype, device, extra fields."""
+        return self._catalog()["inputs"]
+
+    @property
+    def output_ports(self) -> Mapping[str, InferencePort]:
+        """The graph outputs as port records keyed like ``outputs``, in the same order;
+        ``static`` says whether the node computes one from none of its inputs."""
+        return self._catalog()["outputs"]
+
+    @property
+    def feedback_ports(self) -> Mapping[str, InferencePort]:
+        """The feedback targets as port records keyed like ``feedback_inputs``;
+        ``source`` names the output that feeds each on the next step."""
+        return self._catalog()["feedback"]
+
+    @property
+    def configs(self) -> Mapping[str, Any]:
+        """The pipeline's ``configs`` (frequency and project fields), read-only; empty
+        when the bundle has none."""
+        return self.graph.configs
+
+    @property
+    def frequency(self) -> float | None:
+        """The rate in Hz the policy runs at (``configs.frequency``), or None when the
+        bundle names none: the period of a control loop is ``1 / frequency`` seconds."""
+        return self.graph.frequency
 
     def __repr__(self) -> str:
         return (f"InferenceManager({self.model_path!r}, nodes={self.run_order}, "
