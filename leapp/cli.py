@@ -1,6 +1,6 @@
 """The `leapp` command: look at, run, draw and check an exported bundle.
 
-    leapp inspect BUNDLE.yaml         nodes, ports, edges, feedback, checksums
+    leapp inspect BUNDLE.yaml         nodes, ports, edges, feedback, checksums, ports by kind
     leapp inspect MODEL.onnx          the contract a model file carries (.pt, .pt2 too)
     leapp run BUNDLE.yaml [--steps N] mock inputs through InferenceManager
     leapp draw BUNDLE.yaml [-o PNG]   the pipeline picture
@@ -143,10 +143,37 @@ def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
         print(f"initial values: {model.initial_values}", file=out)
     print(f"graph inputs: {', '.join(model.input_keys()) or '-'}", file=out)
     print(f"graph outputs: {', '.join(model.output_keys()) or '-'}", file=out)
+    _print_catalogue(model, out)
     if failed:
         raise CheckFailed("checksums failed: " + "; ".join(failed))
     print("checksums: ok", file=out)
     return EXIT_OK
+
+
+def _print_catalogue(model: Any, out: Any) -> None:
+    """The port catalogue (leapp.bundle.ports): the frequency, then the graph inputs and
+    outputs grouped by kind (first seen first, YAML order inside), then the feedback
+    ports with their sources."""
+    from .bundle.ports import describe
+    frequency = model.frequency
+    print("frequency: " + (f"{frequency:g} Hz (period {1000.0 / frequency:g} ms)"
+                           if frequency is not None else
+                           "none (the pipeline's configs name no frequency)"), file=out)
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for side, ports in (("in", model.input_ports), ("out", model.output_ports)):
+        for port in ports.values():
+            kind = port.kind_name
+            label = "(no kind)" if kind is None else str(kind)
+            groups.setdefault(label, []).append((side, port))
+    print(f"ports by kind ({len(groups)} kind(s)):", file=out)
+    for label in sorted(groups, key=lambda k: k == "(no kind)"):  # stable: first seen first
+        print(f"  {label}", file=out)
+        for side, port in groups[label]:
+            print(f"    {side:4} {describe(port)}", file=out)
+    feedback = model.feedback_ports
+    print(f"feedback ports ({len(feedback)}):", file=out)
+    for port in feedback.values():
+        print(f"    in   {describe(port)}", file=out)
 
 
 _MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
@@ -310,9 +337,11 @@ def _parser() -> argparse.ArgumentParser:
                          "directory")
         return sub
 
-    verb("inspect", "Print nodes, ports (shape, dtype, kind), edges, feedback and verify the "
-         "model checksums (exit 1 on a mismatch); given a model file (.onnx, .pt, .pt2), "
-         "print the contract it carries.").set_defaults(run=cmd_inspect)
+    verb("inspect", "Print nodes, ports (shape, dtype, kind), edges, feedback, the frequency "
+         "and the port catalogue (graph inputs and outputs by kind, with element names and "
+         "the time axis' period) and verify the model checksums (exit 1 on a mismatch); "
+         "given a model file (.onnx, .pt, .pt2), print the contract it carries."
+         ).set_defaults(run=cmd_inspect)
     run = verb("run", "Run mock inputs through InferenceManager and print the time of "
                "each step.")
     run.add_argument("--steps", type=_positive, default=1, metavar="N",

@@ -209,13 +209,15 @@ def check_initial_values(model: Any, bundle_dir: str | None) -> list[Finding]:
 
 
 def check_frequency(model: Any) -> list[Finding]:
-    configs = model.sections.get("configs")
-    frequency = configs.get("frequency") if hasattr(configs, "get") else None
-    if isinstance(frequency, (int, float)) and not isinstance(frequency, bool) \
-            and frequency > 0:
-        return [Finding("frequency", PASS, f"configs frequency {frequency} Hz")]
-    text = "configs names no frequency" if frequency is None else \
-        f"configs frequency {frequency!r} is not a positive number"
+    """The pipeline's frequency as a robot program reads it (``Pipeline.frequency``,
+    ``InferenceManager.frequency``): None when configs name none."""
+    if model.frequency is not None:
+        return [Finding("frequency", PASS, f"configs frequency {model.frequency} Hz")]
+    frequency = model.configs.get("frequency")
+    text = "configs names no frequency (InferenceManager.frequency is None)" \
+        if frequency is None else \
+        f"configs frequency {frequency!r} is not a positive number " \
+        "(InferenceManager.frequency is None)"
     return [Finding("frequency", FAIL, f"{text}: the rate the policy must run at is unknown",
                     fix="compile with leapp.compile_graph(graph_configs="
                         "GraphConfigs(frequency=<Hz>))")]

@@ -2,8 +2,9 @@
 
 `leapp view BUNDLE.yaml` and `compile_graph(visualize=True)` write it; notebooks show it
 inline (the compile result, `InferenceManager`).  It holds the pipeline drawn as SVG with
-the PNG's layout (leapp.view.svg), and, per node, its ports and where each input comes
-from, its model file and checksums, the validation analytics and warnings of the compile
+the PNG's layout (leapp.view.svg), the port catalogue (the graph inputs and outputs by
+kind with their element names and periods, the feedback ports; leapp.bundle.ports) and,
+per node, its ports and where each input comes from, its model file and checksums, the validation analytics and warnings of the compile
 (leapp.view.analytics, read from log.txt) and the op graph of its exported model
 (leapp.view.opgraph).  Scripts and styles are inline (leapp.view.page): it needs no
 network.
@@ -16,7 +17,8 @@ import os
 from typing import Any, Callable
 
 from ..bundle.log import logger
-from ..bundle.pipeline import Pipeline
+from ..bundle.pipeline import Pipeline, thawed
+from ..bundle.ports import INPUT, OUTPUT, InferencePort, describe, port_record
 from .analytics import read_log
 from .opgraph import op_graph
 from .page import render_page
@@ -35,13 +37,36 @@ def _sources(model: Pipeline) -> dict[str, list[str]]:
     return found
 
 
-def _port(port: Any, sources: dict[str, list[str]] | None) -> dict[str, Any]:
+def _catalogued(record: InferencePort) -> dict[str, Any]:
+    """What the page shows of a port record (leapp.bundle.ports): kind, the flattened
+    element names, the time axis and its period, config 1.4's fields, the extra fields."""
+    return {"kind": _jsonable(record.kind_name), "elements": list(record.element_names),
+            "temporal_axis": record.temporal_axis, "period_ms": record.temporal_period_ms,
+            "is_setpoint": record.is_setpoint, "reference": record.reference,
+            "expressed_in": _jsonable(None if record.expressed_in is None
+                                      else dict(record.expressed_in)),
+            "extra": _jsonable(thawed(record.extra)), "text": describe(record)}
+
+
+def _port(port: Any, side: str, sources: dict[str, list[str]] | None) -> dict[str, Any]:
     entry = port.description()
     out = {"name": port.name, "shape": list(port.shape), "dtype": port.dtype,
-           "kind": entry.get("kind"), "element_names": entry.get("element_names")}
+           "element_names": _jsonable(entry.get("element_names")),
+           **_catalogued(port_record(port.entry, port.node, side, shape=port.shape,
+                                     dtype=port.dtype))}
     if sources is not None:
         out["from"] = sources.get(port.key, ["(unconnected: fed by the caller)"])
     return out
+
+
+def _catalogue(model: Pipeline) -> dict[str, Any]:
+    """The port catalogue: the frequency, the graph inputs and outputs (YAML order) and the
+    feedback ports with their sources."""
+    def rows(ports: Any) -> list[dict[str, Any]]:
+        return [{"key": key, "shape": list(p.shape), "dtype": p.dtype_name,
+                 "source": p.source, **_catalogued(p)} for key, p in ports.items()]
+    return {"frequency": model.frequency, "inputs": rows(model.input_ports),
+            "outputs": rows(model.output_ports), "feedback": rows(model.feedback_ports)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -72,8 +97,8 @@ def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None
             ops = op_graph(str(node.backend or ""), full)
         nodes[name] = {
             "name": name, "backend": node.backend,
-            "inputs": [_port(p, sources) for p in node.inputs],
-            "outputs": [dict(_port(p, None), graph_output=p.key in outputs)
+            "inputs": [_port(p, INPUT, sources) for p in node.inputs],
+            "outputs": [dict(_port(p, OUTPUT, None), graph_output=p.key in outputs)
                         for p in node.outputs],
             "parameters": _jsonable(params),
             "validation": logged["validation"].get(name, []),
@@ -81,6 +106,7 @@ def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None
             "ops": ops,
         }
     return {"graph": graph, "nodes": nodes, "general_warnings": logged["general"],
+            "catalogue": _catalogue(model),
             "system": _jsonable(dict(model.system_information)),
             "has_log": bool(log_text)}
 

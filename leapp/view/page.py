@@ -37,9 +37,21 @@ function fmt(v){if(v===null||v===undefined)return'';if(typeof v==='number'){retu
 if(typeof v==='object')return JSON.stringify(v);return String(v);}
 function verdict(n){var v=n.validation||[];if(!v.length)return'not validated';
 return v.every(function(e){return e.passed;})?'passed':'FAILED';}
-function portTable(id,ports,withFrom){var h='<table id="'+id+'"><tr><th>port</th><th>shape</th><th>dtype</th><th>kind</th><th>element_names</th>'+(withFrom?'<th>from</th>':'<th>graph output</th>')+'</tr>';
-ports.forEach(function(p){h+='<tr data-port="'+esc(p.name)+'"><td>'+esc(p.name)+'</td><td>['+esc(p.shape.join(', '))+']</td><td>'+esc(p.dtype)+'</td><td>'+esc(fmt(p.kind))+'</td><td>'+esc(fmt(p.element_names))+'</td><td>'+
+function period(p){return p.temporal_axis===null||p.temporal_axis===undefined?'':'axis '+p.temporal_axis+(p.period_ms===null?'':', '+fmt(p.period_ms)+' ms');}
+function more(p){var m=[];if(p.is_setpoint)m.push('setpoint');if(p.reference)m.push('reference '+p.reference);if(p.expressed_in)m.push('expressed in '+fmt(p.expressed_in));
+Object.keys(p.extra||{}).forEach(function(k){m.push(k+'='+fmt(p.extra[k]));});return m.join('; ');}
+function portTable(id,ports,withFrom){var h='<table id="'+id+'"><tr><th>port</th><th>shape</th><th>dtype</th><th>kind</th><th>element names</th><th>time axis</th><th>other fields</th>'+(withFrom?'<th>from</th>':'<th>graph output</th>')+'</tr>';
+ports.forEach(function(p){h+='<tr data-port="'+esc(p.name)+'"><td>'+esc(p.name)+'</td><td>['+esc(p.shape.join(', '))+']</td><td>'+esc(p.dtype)+'</td><td>'+esc(fmt(p.kind))+'</td><td class="elements">'+esc(p.elements.join(', '))+'</td><td class="period">'+esc(period(p))+'</td><td>'+esc(more(p))+'</td><td>'+
 (withFrom?esc((p.from||[]).join('; ')):(p.graph_output?'yes':''))+'</td></tr>';});return h+'</table>';}
+function catalogue(c){var groups={},order=[];function add(side,p){var k=p.kind===null||p.kind===undefined?'(no kind)':fmt(p.kind);if(!(k in groups)){groups[k]=[];order.push(k);}groups[k].push([side,p]);}
+c.inputs.forEach(function(p){add('input',p);});c.outputs.forEach(function(p){add('output',p);});
+order.sort(function(a,b){return(a==='(no kind)')-(b==='(no kind)');});
+var h='<h3>Ports by kind</h3><p class="muted" id="frequency">'+(c.frequency===null?'frequency: none (the pipeline\'s configs name no frequency)':'frequency: '+fmt(c.frequency)+' Hz (period '+fmt(1000/c.frequency)+' ms)')+'</p>';
+h+='<table id="catalogue"><tr><th>kind</th><th>side</th><th>port</th><th>shape</th><th>dtype</th><th>element names</th><th>time axis</th><th>other fields</th></tr>';
+order.forEach(function(k){groups[k].forEach(function(e){var p=e[1];h+='<tr data-key="'+esc(p.key)+'" data-kind="'+esc(k)+'"><td>'+esc(k)+'</td><td>'+e[0]+'</td><td>'+esc(p.key)+'</td><td>['+esc(p.shape.join(', '))+']</td><td>'+esc(p.dtype)+'</td><td class="elements">'+esc(p.elements.join(', '))+'</td><td class="period">'+esc(period(p))+'</td><td>'+esc(more(p))+'</td></tr>';});});
+h+='</table>';if(c.feedback.length){h+='<table id="feedback-ports"><tr><th>feedback port</th><th>fed by</th><th>shape</th><th>dtype</th></tr>';
+c.feedback.forEach(function(p){h+='<tr data-key="'+esc(p.key)+'"><td>'+esc(p.key)+'</td><td>'+esc(p.source)+'</td><td>['+esc(p.shape.join(', '))+']</td><td>'+esc(p.dtype)+'</td></tr>';});h+='</table>';}
+return h;}
 function validationTable(n){var v=n.validation||[];
 if(!v.length)return'<p class="muted" id="validation">'+(DATA.has_log?'no validation analytics in log.txt for this node (no model, or validate=False)':'no log.txt: no validation analytics')+'</p>';
 var h='<table id="validation"><tr><th>sample</th><th>output</th><th>max abs err</th><th>max rel err</th><th>tolerance</th><th>result</th></tr>';
@@ -81,6 +93,7 @@ g.addEventListener('mouseleave',function(){tip.style.display='none';});});
 var general=DATA.general_warnings||[];var intro='<h2>'+esc(DATA.graph)+'</h2><p class="muted">Click a node for its ports, model file, validation analytics, warnings and op graph.</p>';
 var failed=Object.keys(DATA.nodes).filter(function(k){return verdict(DATA.nodes[k])==='FAILED';});
 if(failed.length)intro+='<p class="fail" id="failed-nodes">validation failed: '+failed.map(esc).join(', ')+'</p>';
+if(DATA.catalogue)intro+=catalogue(DATA.catalogue);
 intro+='<h3>System</h3><table>'+Object.keys(DATA.system).map(function(k){return'<tr><th>'+esc(k)+'</th><td>'+esc(fmt(DATA.system[k]))+'</td></tr>';}).join('')+'</table>';
 if(general.length)intro+='<h3>Other warnings</h3><ul>'+general.map(function(w){return'<li class="warning">'+esc(w)+'</li>';}).join('')+'</ul>';
 panel.innerHTML=intro;window.leappView={show:show,openOps:openOps,data:DATA};
