@@ -89,6 +89,9 @@ typedef struct {
     PyObject *alias_write;    /* (receiver, func) -> None: an in-place write reached aliases */
     PyObject *guard;          /* (node, func, receiver, value) -> None: a traced value was
                                * read into Python (leapp.tracing.guards); may raise */
+    PyObject *shape_guard;    /* (node, func, args, kwargs, result) -> bool: an op whose
+                               * results' shape may depend on the values ran; true when
+                               * it does (a guard, leapp.tracing.guards); may raise */
     PyObject *getitem;        /* torch.Tensor.__getitem__: a boolean-mask key gives a
                                * data-dependent shape */
     PyObject *bool_dtype;     /* torch.bool */

@@ -5,7 +5,7 @@
     X(node_type) X(port_type) X(carrier_type) X(ref_type) X(method_type)     \
     X(program_type) X(traced_type) X(tensor_type) X(run_disabled) X(class_setter) \
     X(classify) X(rewrite) X(alias) X(session_api) X(alias_link) X(alias_write) \
-    X(guard) X(getitem) X(bool_dtype) \
+    X(guard) X(shape_guard) X(getitem) X(bool_dtype) \
     X(script_call) X(note_random)                                           \
     X(op_kinds) X(dtype_names) X(empty_kwargs) X(str_carrier) X(str_class) X(str_dtype)      \
     X(str_shape) X(str_clone) X(str_detach) X(str_derived) X(str_out) X(nodes) X(promoted)

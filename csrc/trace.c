@@ -373,6 +373,32 @@ mark_dynamic(leapp_state *st, PyObject *r)
     }
 }
 
+/* An op whose results' shape may depend on the values (OP_DYNAMIC, an index
+ * with a boolean tensor) ran in node: the shape hook (leapp.tracing.guards)
+ * takes it as a guard where the data decided it.  1 when the results' shape
+ * depends on data, 0 when not, -1 with an exception (a refused guard).  A
+ * node in its tail keeps no guards: its results are flagged as before. */
+static int
+shape_read(leapp_state *st, NodeObject *node, PyObject *func, PyObject *args,
+           PyObject *kwargs, PyObject *result)
+{
+    PyObject *seen;
+    int dynamic;
+    if (st->shape_guard == NULL || node->state == NODE_TAIL) {
+        return 1;
+    }
+    {
+        PyObject *call[5] = {(PyObject *)node, func, args, kwargs, result};
+        seen = PyObject_Vectorcall(st->shape_guard, call, 5, NULL);
+    }
+    if (seen == NULL) {
+        return -1;
+    }
+    dynamic = PyObject_IsTrue(seen);
+    Py_DECREF(seen);
+    return dynamic;
+}
+
 /* A traced value read into Python (kind OP_CONVERSION; OP_SIZE of a value
  * whose shape depends on data): the op runs eagerly, nothing is recorded
  * (the result is a Python value), and the guard hook sees the value. */
@@ -469,15 +495,18 @@ trace_active(leapp_state *st, trace_walk *w, int kind, PyObject *func, PyObject 
             goto error;
         }
         if (kind != OP_INPLACE && kind != OP_OVERWRITE) {
-            int dynamic = w->dynamic || kind == OP_DYNAMIC;
-            if (!dynamic && kind == OP_VIEW && func == st->getitem
-                && PyTuple_GET_SIZE(args) == 2) {
-                dynamic = is_mask_key(st, PyTuple_GET_ITEM(args, 1));
-                if (dynamic < 0) {
+            int shaped = kind == OP_DYNAMIC, dynamic;
+            if (kind == OP_VIEW && func == st->getitem && PyTuple_GET_SIZE(args) == 2) {
+                shaped = is_mask_key(st, PyTuple_GET_ITEM(args, 1));
+                if (shaped < 0) {
                     goto error;
                 }
             }
-            if (dynamic) {
+            dynamic = shaped ? shape_read(st, node, func, args, kwargs, result) : 0;
+            if (dynamic < 0) {
+                goto error;
+            }
+            if (dynamic || w->dynamic) {
                 mark_dynamic(st, result);
             }
         }
@@ -656,22 +685,25 @@ done:
     return result;
 }
 
-/* _bind_guards(hook, getitem, bool_dtype): the guard hook (leapp.tracing.guards),
- * called only for conversions of traced values into Python, and the two torch
- * objects that tell a boolean-mask index. */
+/* _bind_guards(hook, shape_hook, getitem, bool_dtype): the guard hooks
+ * (leapp.tracing.guards), called only for conversions of traced values into
+ * Python and for ops whose results' shape may depend on the values, and the
+ * two torch objects that tell a boolean-mask index. */
 static PyObject *
 bind_guards(PyObject *module, PyObject *args)
 {
     leapp_state *st = leapp_get_state(module);
-    PyObject *hook, *getitem, *bool_dtype;
-    if (!PyArg_ParseTuple(args, "OOO:_bind_guards", &hook, &getitem, &bool_dtype)) {
+    PyObject *hook, *shape_hook, *getitem, *bool_dtype;
+    if (!PyArg_ParseTuple(args, "OOOO:_bind_guards", &hook, &shape_hook, &getitem,
+                          &bool_dtype)) {
         return NULL;
     }
-    if (!PyCallable_Check(hook)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_guards() expects a callable hook");
+    if (!PyCallable_Check(hook) || !PyCallable_Check(shape_hook)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_guards() expects callable hooks");
         return NULL;
     }
     Py_XSETREF(st->guard, Py_NewRef(hook));
+    Py_XSETREF(st->shape_guard, Py_NewRef(shape_hook));
     Py_XSETREF(st->getitem, Py_NewRef(getitem));
     Py_XSETREF(st->bool_dtype, Py_NewRef(bool_dtype));
     Py_RETURN_NONE;
@@ -679,7 +711,7 @@ bind_guards(PyObject *module, PyObject *args)
 
 static PyMethodDef trace_functions[] = {
     {"_bind_guards", bind_guards, METH_VARARGS,
-     "Hand over the guard hook, torch.Tensor.__getitem__ and torch.bool."},
+     "Hand over the guard hooks, torch.Tensor.__getitem__ and torch.bool."},
     {"torch_function", (PyCFunction)(void (*)(void))torch_function, METH_FASTCALL,
      "The __torch_function__ of TracedTensor: run eagerly, record, tag results."},
     {NULL, NULL, 0, NULL},

@@ -52,9 +52,25 @@ _SIZES = {
     torch.Tensor.__len__: "len()", torch.Tensor.numel: ".numel()",
     torch.Tensor.size: ".size()", torch.Tensor.shape.__get__: ".shape",
 }
-# Ops whose results have a shape that depends on the values.
+# torch functions that read a traced value into a Python bool themselves (C++ returns
+# the bool; an `if` on it is a branch like bool()), by their torch and aten name.
+_BOOL_READS = {"equal": "torch.equal()", "allclose": "torch.allclose()",
+               "is_nonzero": "torch.is_nonzero()"}
+# Ops whose results have a shape (or, for histc / histogram, bin edges) that depends on
+# the values: guarded at the op (on_data_shape), their results flagged for size reads.
 _DYNAMIC_NAMES = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select",
-                  "bincount"}
+                  "bincount", "one_hot", "repeat_interleave", "histc", "histogram", "where",
+                  "_unique", "_unique2", "unique_dim", "nonzero_numpy", "index"}
+
+
+def _op_name(func: Any) -> str:
+    """'equal' for torch.equal, Tensor.equal and torch.ops.aten.equal.default."""
+    if isinstance(func, torch._ops.OpOverload):
+        func = func.overloadpacket
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        qualified = getattr(func, "_qualified_op_name", "")
+        return qualified[len("aten::"):] if qualified.startswith("aten::") else ""
+    return getattr(func, "__name__", None) or ""
 
 
 class DataDependent(RuntimeError):
@@ -70,7 +86,11 @@ def conversion_kind(func: Any) -> int | None:
             return _core.OP_SIZE
     except TypeError:  # an unhashable callable
         return None
-    if getattr(func, "__name__", None) in _DYNAMIC_NAMES:
+    name = _op_name(func)
+    if name in _BOOL_READS:
+        return _core.OP_CONVERSION
+    if name in _DYNAMIC_NAMES and (name != "index" or isinstance(func, (
+            torch._ops.OpOverload, torch._ops.OpOverloadPacket))):
         return _core.OP_DYNAMIC
     return None
 
@@ -160,7 +180,7 @@ def _strict() -> bool:
 
 def on_conversion(node: _core.Node, func: Any, receiver: Any, value: Any) -> None:
     """The core's hook: a traced value of node, still tracing, read into Python."""
-    what = _CONVERSIONS.get(func) or _SIZES.get(func)
+    what = _CONVERSIONS.get(func) or _SIZES.get(func) or _BOOL_READS.get(_op_name(func))
     if what is None:
         return
     if func in _SIZES:
@@ -176,40 +196,298 @@ def on_conversion(node: _core.Node, func: Any, receiver: Any, value: Any) -> Non
                             "(control flow or a value that depends on the data)")
     first = node_info.reentry_of
     if first is None:
-        _first_pass(node, node_info, site, what, func, receiver, value)
+        if not _known(node_info, site, what, value):
+            _report(_conversion_message(node, site, what, func, receiver, value),
+                    "error" if func is torch.Tensor.__bool__ or what in _BOOL_READS.values()
+                    else "warning")
     else:
         _later_pass(first, node_info, site, what, value)
 
 
-def _first_pass(node: _core.Node, node_info: NodeInfo, site: tuple, what: str, func: Any,
-                receiver: Any, value: Any) -> None:
+_FIX = ("Express it with tensor ops (torch.where(cond, a, b), masks, torch.clamp, "
+        "indexing with tensors) or make the value a declared input of the node.")
+
+
+def _known(node_info: NodeInfo, site: tuple, what: str, value: Any) -> bool:
+    """Note value at site on the first pass; whether the site was reported already."""
     guard = node_info.guards.get(site)
     if guard is not None:
         guard.values.append(value)
-        return
+        return True
     node_info.guards[site] = Guard(what, [value])
+    return False
+
+
+def _conversion_message(node: _core.Node, site: tuple, what: str, func: Any, receiver: Any,
+                        value: Any) -> str:
     where = _where(site)
-    fix = ("Express it with tensor ops (torch.where(cond, a, b), masks, torch.clamp, "
-           "indexing with tensors) or make the value a declared input of the node.")
     if func is torch.Tensor.__bool__:
-        message = (f"Attempted to use TracedTensor '{_producer(node, receiver)}' from node "
-                   f"'{node.name}' in a boolean context (if/while/and/or/not) during tracing. "
-                   f"At {where} it was {value}: the exported model always takes the branch "
-                   f"taken here (baked in). {fix}")
-    elif func in _SIZES:
-        message = (f"A data-dependent size (of a nonzero, unique, masked_select or "
-                   f"boolean-mask result) of node '{node.name}' was read into Python by "
-                   f"{what} at {where}: {_shown(value)} is baked into the exported model as a "
-                   f"constant. {fix}")
-    else:
-        message = (f"A traced value of node '{node.name}' was read into Python by {what} at "
-                   f"{where}: {_shown(value)} is baked into the exported model as a "
-                   f"constant. {fix}")
+        return (f"Attempted to use TracedTensor '{_producer(node, receiver)}' from node "
+                f"'{node.name}' in a boolean context (if/while/and/or/not) during tracing. "
+                f"At {where} it was {value}: the exported model always takes the branch "
+                f"taken here (baked in). {_FIX}")
+    if what in _BOOL_READS.values():
+        return (f"A traced value of node '{node.name}' was read into a Python bool by {what} "
+                f"at {where}: it was {value}, and the exported model always takes the branch "
+                f"taken here (baked in). Keep the comparison a tensor ((a == b).all(), "
+                f"torch.isclose(a, b).all()) and choose with torch.where, or make the value a "
+                f"declared input of the node.")
+    if func in _SIZES:
+        return (f"A data-dependent size (of a nonzero, unique, masked_select or "
+                f"boolean-mask result) of node '{node.name}' was read into Python by "
+                f"{what} at {where}: {_shown(value)} is baked into the exported model as a "
+                f"constant. {_FIX}")
+    return (f"A traced value of node '{node.name}' was read into Python by {what} at "
+            f"{where}: {_shown(value)} is baked into the exported model as a constant. {_FIX}")
+
+
+def _report(message: str, level: str) -> None:
+    """A new site on the first pass: refused under strict_guards, else logged once."""
     if _strict():
         fatal(message + " (refused: leapp.start(strict_guards=True))")
-    level = "error" if func is torch.Tensor.__bool__ else "warning"
     getattr(logger, level)("%s A later pass that sees another value there is refused; "
                            "leapp.start(strict_guards=True) refuses it at once.", message)
+
+
+# ---- ops whose results' shape comes from the data ---------------------------
+
+_MASK_FIX = ("Keep a fixed size: a mask over the whole tensor (torch.where(mask, x, 0), "
+             "mask.sum()) or torch.nonzero_static(mask, size=N).")
+_SHAPE_FIXES = {
+    "one_hot": "Pass the class count: F.one_hot(idx, num_classes=N).",
+    "bincount": ("Give the counts a fixed size: F.one_hot(x, num_classes=N).sum(0), or "
+                 "torch.zeros(N).index_add(0, x, weights)."),
+    "repeat_interleave": ("Repeat by a Python int, or build a fixed-size result with a mask "
+                          "(torch.arange(N) < repeats.sum())."),
+    "histc": "Pass a fixed range: torch.histc(x, bins, min=lo, max=hi).",
+    "histogram": "Pass a fixed range: torch.histogram(x, bins, range=(lo, hi)).",
+}
+
+
+_LABELS = {"_unique": "unique", "_unique2": "unique", "unique_dim": "unique",
+           "nonzero_numpy": "nonzero"}
+
+
+def _traced(obj: Any) -> bool:
+    return isinstance(obj, torch.Tensor) and _core.carrier_of(obj) is not None
+
+
+def _traced_mask(key: Any) -> bool:
+    """Whether an index key holds a traced boolean tensor."""
+    if isinstance(key, (tuple, list)):
+        return any(_traced_mask(k) for k in key)
+    if not _traced(key):
+        return False
+    with torch._C.DisableTorchFunctionSubclass():
+        return key.dtype == torch.bool
+
+
+def _shape_of(result: Any) -> Any:
+    if isinstance(result, torch.Tensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return tuple(result.shape)
+    if isinstance(result, (tuple, list)):
+        return tuple(_shape_of(r) for r in result)
+    return None
+
+
+def _data_range(x: torch.Tensor) -> tuple:
+    with torch._C.DisableTorchFunctionSubclass():
+        if x.numel() == 0:
+            return (0.0, 0.0)
+        return (float(x.min()), float(x.max()))
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def _data_read(name: str, args: tuple, kwargs: dict, result: Any) -> tuple | None:
+    """(what, value, shape from data) when this call's result is decided by the data
+    (what the exported model keeps), else None.  value is the result's shape, or the data's
+    range for histc / histogram (their bin edges; the shape is fixed by bins)."""
+    if name == "one_hot":
+        if int(_arg(args, kwargs, 1, "num_classes", -1)) != -1:
+            return None
+        return "F.one_hot without num_classes", _shape_of(result), True
+    if name == "repeat_interleave":
+        if kwargs.get("output_size") is not None:
+            return None
+        repeats = args[0] if len(args) == 1 and "repeats" not in kwargs \
+            else _arg(args, kwargs, 1, "repeats")
+        if not _traced(repeats):
+            return None
+        return "repeat_interleave with tensor repeats", _shape_of(result), True
+    if name in ("histc", "histogram"):
+        if name == "histc":
+            low, high = _arg(args, kwargs, 2, "min", 0), _arg(args, kwargs, 3, "max", 0)
+            if float(low) != float(high):
+                return None
+        elif kwargs.get("range") is not None or isinstance(
+                _arg(args, kwargs, 1, "bins", 100), torch.Tensor):
+            return None
+        return f"torch.{name} without a range", _data_range(args[0]), False
+    if name == "where":
+        if len(args) + len(kwargs) != 1:
+            return None  # torch.where(cond, a, b): shaped like its arguments
+        return "torch.where(condition) (its indices)", _shape_of(result), True
+    if name in ("__getitem__", "index"):
+        if not _traced_mask(args[1] if len(args) > 1 else kwargs.get("indices")):
+            return None
+        return "a boolean-mask index (x[mask])", _shape_of(result), True
+    return f"torch.{_LABELS.get(name, name)}", _shape_of(result), True
+
+
+def on_data_shape(node: _core.Node, func: Any, args: tuple, kwargs: Any, result: Any) -> bool:
+    """The core's hook for an op whose results' shape may depend on the values (nonzero,
+    unique, masked_select, a boolean-mask index, one_hot without num_classes, bincount,
+    repeat_interleave with tensor repeats; histc and histogram without a range, whose bin
+    edges do): a guard at the user's line, the shape (or range) seen its value, as a
+    value read into Python.  Returns whether the results' shape depends on the data (the
+    core then flags them, and a size read of them is a guard too)."""
+    name = _op_name(func)
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    found = _data_read(name, args, kwargs, result)
+    if found is None:
+        return False
+    what, value, dynamic = found
+    site = _site()
+    if site is None:
+        return dynamic
+    # the op's own site, apart from a conversion on the same line (len(torch.nonzero(m)))
+    site = (site[0], site[1], what if len(site) < 3 else f"{what}; {site[2]}")
+    node_info = info(node)
+    if node_info.private:  # a private trace (leapp.tracing.node_trace) keeps no guards
+        return dynamic
+    first = node_info.reentry_of
+    selection = name not in _SHAPE_FIXES
+    if first is not None:
+        if not selection or site in info(first).guards:
+            _later_pass(first, node_info, site,
+                        f"the {'shape' if dynamic else 'range'} of {what}", value)
+        return dynamic
+    if selection:  # a guard once it reaches an output (check_outputs)
+        node_info.data_shapes.setdefault(site, Guard(what)).values.append(value)
+        for out in result if isinstance(result, (tuple, list)) else (result,):
+            carrier = _core.carrier_of(out) if isinstance(out, torch.Tensor) else None
+            if carrier is not None:
+                node_info.data_vids[carrier.vid] = site
+        return dynamic
+    if _known(node_info, site, what, value):
+        return dynamic
+    fix = _SHAPE_FIXES.get(name, f"{_MASK_FIX} {_FIX}")
+    seen = f"its shape was {_shown(value)}" if dynamic else f"the range was {_shown(value)}"
+    decided = "shape" if dynamic else "bin edges (the data's min and max)"
+    _report(f"{what[0].upper()}{what[1:]} in node '{node.name}' at {_op_line(site)} gives a "
+            f"result whose {decided} the data decides: {seen} here, and the exported model "
+            f"keeps that on every input, on every backend (baked in). {fix}", "warning")
+    return dynamic
+
+
+def _op_line(site: tuple) -> str:
+    """file:line of an op's guard site (its key names the op too), and for an op of
+    TorchScript code the note on the instruction."""
+    note = site[2].split("; ", 1)[1] if "; " in site[2] else ""
+    return f"{site[0]}:{site[1]}" + (f" ({note})" if note else "")
+
+
+def _value_ids(template: Any, into: set) -> None:
+    """The value ids a recorded op's argument template refers to."""
+    if isinstance(template, _core.Ref):
+        if template.kind == _core.REF_VALUE:
+            into.add(template.index)
+    elif isinstance(template, (tuple, list)):
+        for item in template:
+            _value_ids(item, into)
+    elif isinstance(template, dict):
+        for item in template.values():
+            _value_ids(item, into)
+
+
+def _sources(node: _core.Node, vid: int) -> list[tuple]:
+    """The sites of pass 1's selections (nonzero, x[mask], ...) that value vid comes from."""
+    node_info = info(node)
+    needed, found = {vid}, []
+    for _func, args, kwargs, out in reversed(node.ops):
+        outs = set(out) if isinstance(out, tuple) else {out}
+        if not outs & needed:
+            continue
+        for one in outs & needed:
+            site = node_info.data_vids.get(one)
+            if site is not None and site not in found:
+                found.append(site)
+        _value_ids(args, needed)
+        _value_ids(kwargs, needed)
+    return found
+
+
+def _shape_follows_data(node: _core.Node, vid: int) -> bool:
+    """Whether value vid's shape follows the data: the op log up to it replayed on fake
+    tensors, each selection's count a symbol (torch's unbacked sizes); a replay that
+    fails counts as yes.  The core's flag alone says only that vid was computed from a
+    selection (x[mask].sum() is flagged and has a fixed shape)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+
+    def resolve(obj: Any) -> Any:
+        if isinstance(obj, _core.Ref):
+            return node.consts[obj.index] if obj.kind == _core.REF_CONST else env[obj.index]
+        if isinstance(obj, tuple):
+            return tuple(resolve(o) for o in obj)
+        if isinstance(obj, list):
+            return [resolve(o) for o in obj]
+        if isinstance(obj, dict):
+            return {k: resolve(v) for k, v in obj.items()}
+        if isinstance(obj, slice):
+            return slice(resolve(obj.start), resolve(obj.stop), resolve(obj.step))
+        return obj
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    env: dict[int, Any] = {}
+    try:
+        with mode, torch._C.DisableTorchFunctionSubclass():
+            for port in node.inputs:
+                if isinstance(port.value, torch.Tensor):
+                    env[port.vid] = mode.from_tensor(port.value.detach().as_subclass(
+                        torch.Tensor))
+            for func, args, kwargs, out in node.ops:
+                result = func(*resolve(args), **resolve(kwargs or {}))
+                if isinstance(out, tuple):
+                    for one, value in zip(out, result):
+                        env[one] = value
+                elif isinstance(out, int):
+                    env[out] = result
+                if out == vid or (isinstance(out, tuple) and vid in out):
+                    break
+            return bool(free_unbacked_symbols(env[vid].shape))
+    except Exception:  # noqa: BLE001  (what the replay cannot follow: say so)
+        return True
+
+
+def check_outputs(node: _core.Node, outputs: list[tuple[str, Any]]) -> None:
+    """Pass 1's outputs whose shape the data decides (they come from nonzero, unique,
+    masked_select, a boolean-mask index, ...): the bundle's port keeps the traced shape,
+    on every backend.  Each selection they come from becomes a guard at its line (its
+    shapes the values: a later pass that selects another count is refused there); the
+    first time, a WARNING names the output, the line and the fix (strict_guards: refused)."""
+    node_info = info(node)
+    if not node_info.data_vids:
+        return
+    for name, value in outputs:
+        carrier = _core.carrier_of(value) if isinstance(value, torch.Tensor) else None
+        if carrier is None or not carrier.dynamic or carrier.node is not node \
+                or not _shape_follows_data(node, carrier.vid):
+            continue
+        for site in _sources(node, carrier.vid):
+            pending = node_info.data_shapes[site]
+            if site in node_info.guards:
+                continue
+            node_info.guards[site] = pending
+            _report(f"Output '{name}' of node '{node.name}' has a shape the data decides: "
+                    f"it comes from {pending.what} at {_op_line(site)}, whose shape was "
+                    f"{_shown(pending.values[0])} here, and the bundle keeps the traced shape "
+                    f"{_shown(_shape_of(value))} for '{name}' on every input, on every backend "
+                    f"(baked in). {_MASK_FIX} {_FIX}", "warning")
 
 
 def _later_pass(first: _core.Node, node_info: NodeInfo, site: tuple, what: str,
@@ -265,4 +543,4 @@ def end_pass(node: _core.Node) -> None:
     node_info.passes += 1
 
 
-_core._bind_guards(on_conversion, torch.Tensor.__getitem__, torch.bool)
+_core._bind_guards(on_conversion, on_data_shape, torch.Tensor.__getitem__, torch.bool)

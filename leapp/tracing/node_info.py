@@ -32,6 +32,11 @@ class NodeInfo:
     shadow: Any = None                                  # this later pass's shadow Node
     reentry_of: Any = None                              # of a shadow: the node it re-traces
     guard_counts: dict = field(default_factory=dict)    # of a shadow: (file, line) -> count
+    # Pass 1's selections whose shape the data decides (nonzero, unique, x[mask], ...):
+    # (file, line) -> _guards.Guard of their shapes, and each result's value id -> its
+    # site; a guard once one of them reaches an output (leapp.tracing.guards).
+    data_shapes: dict = field(default_factory=dict)
+    data_vids: dict = field(default_factory=dict)
     random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
     # Declared states whose update_state comes after output_tensors (or in the
     # node's next call): pass 1's still unbound (the node is in its tail), and

@@ -250,7 +250,7 @@ def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
         mask = key
         if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
                 and tuple(mask.shape) == tuple(dest.shape)):
-            return masked_write, (base, mask, value), {}
+            return _masked_rewrite(dest, base, mask, value)
         raise NotImplementedError(
             "Advanced indexing with TracedTensor indices is only auto-lowered for boolean masks "
             "of the destination's shape in an assignment; compute the result with torch.where() "
@@ -263,6 +263,24 @@ def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
             # copy, which an exported graph writes without baking dest's shape
             return copy_write, (base, value), {}
     return index_write, (base, positions, value), {}
+
+
+def _masked_rewrite(dest: torch.Tensor, base: Any, mask: torch.Tensor,
+                    value: torch.Tensor) -> tuple:
+    """dest[mask] = value with a traced mask of dest's shape, as eager writes it.
+
+    dest[mask] is the 1-D tensor of the True positions in row-major order, and value is
+    broadcast to it: one element (a number, a [1] tensor that does not come from a
+    selection) fills every True position (a where); a vector gives one element per True
+    position, in order: Tensor.masked_scatter, which every backend exports with the
+    count following the mask."""
+    carrier = _core.carrier_of(value)
+    with torch._C.DisableTorchFunctionSubclass():
+        single = value.numel() == 1 and all(size == 1 for size in value.shape)
+    if single and (carrier is None or not carrier.dynamic):
+        return masked_write, (base, mask, value), {}
+    # a vector: eager requires dest's dtype (index_put refuses another), as masked_scatter
+    return torch.Tensor.masked_scatter, (base, mask, value), {}
 
 
 def setitem_value(value: torch.Tensor, rank: int) -> torch.Tensor:

@@ -95,6 +95,8 @@ class NodeOutputs:
             from ..bundle.backend_names import check_backend
             check_backend(node.name, export_with, backend_params)
         self._check_outputs("output_tensors", node, leaves)
+        _guards.check_outputs(node, [(leaf.name, leaf.value) for leaf in leaves]
+                              + list(node_info.state_updates.items()))
         _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
         updates = list(node_info.state_updates.values())
         for tracker in node_info.trackers:
