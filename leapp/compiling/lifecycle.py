@@ -501,8 +501,9 @@ def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, g
     closed = None
     with intra_op_threads(validation_threads(staging, [
             r.path for r in exported.values() if r.external and r.path])):
+        writers = {name: e.writer for name, e in exported.items() if e.writer is not None}
         results, failure = run_validation(entries, rtol, atol, observer=progress,
-                                          random_ops=random_ops)
+                                          random_ops=random_ops, writers=writers)
         if failure is None:
             closed = _closed_loop(staging, graph, entries, nodes, random_ops, rtol, atol,
                                   exported)

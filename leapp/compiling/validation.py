@@ -5,8 +5,10 @@ with InferenceManager's own loader (SavedModel: leapp.models.load.load_node),
 checksum included, and that loaded model runs on its first traced example
 (sample 0: the ports' `.value`) and on each cached re-entry example (sample 1,
 2, ...: the ports' `.samples`), TorchScript models in the interpreter without the optimising
-executor's profiling passes.  Per example: the output count, then per output NaN/Inf on either
-side, shape and dtype, and torch.allclose(rtol, atol); a numeric mismatch logs
+executor's profiling passes.  Per example: the output count, then per output shape, NaN
+and ±inf as eager's (the same positions, infinities of the same sign: eager's own NaN,
+such as the variance of one value, is no failure), dtype, and torch.allclose(rtol, atol)
+on the finite values; a numeric mismatch logs
 shapes, dtypes, value ranges and absolute-difference statistics.  A summary
 closes the run; strict=True raises when any node failed.
 """
@@ -133,6 +135,18 @@ def _nonfinite(node: str, out: str, index: int, exported: torch.Tensor,
     return True
 
 
+def _same_nonfinite(exported: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether NaN and ±inf sit at the same positions on both sides (inf of the same
+    sign): eager's own NaN (the variance of one value, a fully masked softmax) is then
+    the export's too, and the finite values are compared as usual."""
+    if exported.dtype != source.dtype or not exported.is_floating_point():
+        return False
+    nan_e, nan_s = torch.isnan(exported), torch.isnan(source)
+    inf_e, inf_s = torch.isinf(exported), torch.isinf(source)
+    return torch.equal(nan_e, nan_s) and torch.equal(inf_e, inf_s) and \
+        torch.equal(exported[inf_e], source[inf_s])
+
+
 def _quantiles(values: torch.Tensor, qs: Sequence[float]) -> list[float]:
     """Linear-interpolation quantiles of a flat floating tensor."""
     if values.numel() == 0:
@@ -190,7 +204,12 @@ def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tenso
         record(node, out, index, False, rtol, atol, reason=f"shape {list(exported.shape)}, "
                f"expected {list(source.shape)}")
         return False
-    if _nonfinite(node, out, index, exported, source):
+    if not (_finite(exported) and _finite(source)) and _same_nonfinite(exported, source):
+        logger.info("%s/%s sample %d: NaN/Inf where the traced output has them, at the "
+                    "same positions", node, out, index)
+        finite = torch.isfinite(source)
+        exported, source = exported[finite], source[finite]
+    elif _nonfinite(node, out, index, exported, source):
         record(node, out, index, False, rtol, atol, exported, source, reason="NaN/Inf")
         return False
     if exported.dtype != source.dtype:
@@ -272,15 +291,27 @@ def random_note(node: str, random_ops: Sequence[tuple]) -> str:
             f"mean, or dropout in eval mode), or compile with validate=False.")
 
 
+def writer_hint(node: str, writer: str) -> str:
+    """Who wrote a node's failing ONNX model and how to choose another."""
+    if writer == "leapp's ONNX writer":
+        switch = ("set LEAPP_ONNX_WRITER=torch to export it with torch's ONNX exporter, or "
+                  "export it with another backend (export_with='jit' or 'pt2')")
+    else:
+        switch = "export it with another backend (export_with='jit' or 'pt2')"
+    return f"node {node}'s ONNX model was written by {writer}: {switch}."
+
+
 def run_validation(entries: list, rtol: float, atol: float,
                    observer: Any = None,
-                   random_ops: dict | None = None) -> tuple[dict, str | None]:
+                   random_ops: dict | None = None,
+                   writers: dict | None = None) -> tuple[dict, str | None]:
     """({node: result}, the strict-mode failure message or None); raises nothing.
 
     observer (compile_graph's progress) is told of each node: validating(name)
     before, validated(name, result) after.  random_ops maps a node to the
     random ops it ran ((label, file, line) each): a mismatch there is
-    reported as following from them.
+    reported as following from them.  writers maps an ONNX node to who wrote
+    its model: a failure names it and the switch to another.
     """
     results: dict[str, Any] = {}
     hints: dict[str, str] = {}
@@ -301,6 +332,11 @@ def run_validation(entries: list, rtol: float, atol: float,
                 note = random_note(name, found) if found else None
                 results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol,
                                                      note)
+                writer = (writers or {}).get(name)
+                if results[name] is False and writer is not None and note is None:
+                    said = writer_hint(name, writer)
+                    logger.warning("  %s", said)
+                    hint = said if hint is None else f"{hint} {said}"
                 if hint is not None:
                     hints[name] = hint
             except Exception as exc:

@@ -53,6 +53,9 @@ class Exported:
     external: bool = False  # path lies outside the bundle by the user's choice (BYOM)
     #: why leapp's ONNX writer sent this node to torch's exporter (None: it did not)
     fallback: str | None = None
+    #: who wrote an ONNX model ("leapp's ONNX writer" / "torch's ONNX exporter"; None
+    #: for the other backends): a validation failure names it and the switch
+    writer: str | None = None
 
 
 def export_node(node: str, export_with: str | None, backend_params: dict | None,

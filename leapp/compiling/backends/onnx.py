@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import export_caches as _export_caches
+from .. import fresh_inputs
+from ..fresh_inputs import Difference
 from ..export_errors import exporter_call
 from ...bundle.log import logger
 from . import ExportContext, Exported, prepare_inputs
@@ -58,6 +60,9 @@ def default_opset() -> int:
 # What log.txt says of an onnx-dynamo node: written by the writer, or sent to torch's
 # exporter (the test suite's summary counts both).
 WRITTEN = "written by leapp's ONNX writer"
+#: who wrote a node's ONNX model (Exported.writer: validation's failure names it)
+WRITER = "leapp's ONNX writer"
+TORCH_EXPORTER = "torch's ONNX exporter"
 FELL_BACK = "exported with torch's ONNX exporter"
 
 
@@ -92,11 +97,13 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     opset = params.get("opset_version")
     opset = default_opset() if opset is None else int(opset)
     fallback = None
+    difference = None
     with tempfile.TemporaryDirectory(prefix="leapp-onnx-") as tmp:
         proto = None
         if name == "onnx-dynamo":  # leapp's writer first; torch's exporter when it refuses
-            proto, fallback = _write(node, module, inputs, input_names, output_names, opset,
-                                     params)
+            proto, fallback, difference = _write(node, module, inputs, input_names,
+                                                 output_names, opset, params)
+        written = proto is not None
         if proto is None:
             with exporter_call(node, name, module):  # torch's output to log.txt, one clear error
                 if name == "onnx-dynamo":
@@ -106,6 +113,9 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
                     proto = _export_torchscript(module, inputs, input_names, output_names,
                                                 opset, params, os.path.join(tmp, "model.onnx"),
                                                 context.verbose)
+            if difference is not None:  # the writer's model differed: is torch's exact?
+                _refuse_if_differs(node, name, module, proto, inputs, input_names,
+                                   output_names, fallback or "")
         dropped = _sync_inputs(node, proto, input_names)
         _sync_outputs(node, proto, output_names)
         path = os.path.join(out_dir, f"{node}.onnx")
@@ -124,52 +134,133 @@ def export(node: str, name: str, params: dict, module: torch.fx.GraphModule,
     return Exported(model=None, path=path, yaml_backend="onnx",
                     input_names=input_names, output_names=output_names,
                     parameters={"opset_version": opset}, dropped_inputs=dropped,
-                    fallback=fallback)
+                    fallback=fallback, writer=WRITER if written else TORCH_EXPORTER)
 
 
 def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: list[str],
-           output_names: list[str], opset: int, params: dict) -> tuple[Any, str | None]:
-    """(the writer's model, None), or (None, why) when this node goes to torch's exporter."""
+           output_names: list[str], opset: int, params: dict
+           ) -> tuple[Any, str | None, Difference | None]:
+    """(the writer's model, None, None), or (None, why, the difference) when this node
+    goes to torch's exporter: the writer has no rule, onnxruntime cannot load its
+    model, or its model parts from eager on fresh inputs (the difference, on which
+    torch's exporter's model is then checked too)."""
     from .. import onnx_writer
     from ..._version import __version__
 
     if not onnx_writer.enabled():
-        return None, None  # chosen by the user: not a fallback
+        return None, None, None  # chosen by the user: not a fallback
     torch_only = [k for k in ("verify", "report") if params.get(k)]
+    difference = None
     if torch_only:
         reason = f"backend_params {torch_only} ask for torch's exporter"
     else:
         try:
+            origins: dict = {}
             model = onnx_writer.write_model(node, module, list(inputs), input_names,
-                                            output_names, opset, __version__)
-            reason = _unloadable(model)
-            if reason is None:
-                logger.debug("[%s] %s", node, WRITTEN)
-                return model, None
+                                            output_names, opset, __version__, origins)
+            session, reason = _session(model)
+            if session is not None:
+                difference = _fresh_difference(module, session, inputs, input_names,
+                                               output_names)
+                if difference is None:
+                    logger.debug("[%s] %s", node, WRITTEN)
+                    return model, None, None
+                reason = _difference_reason(model, module, origins, difference, input_names)
         except onnx_writer.NoRule as exc:
             reason = str(exc)
         except Exception as exc:  # a writer bug must not cost the user the export
             reason = f"the ONNX writer failed: {type(exc).__name__}: {exc}"
     logger.warning("[%s] %s: %s (set %s=torch to use it for every node)", node, FELL_BACK,
                    reason, onnx_writer.ENV)
-    return None, reason
+    return None, reason, difference
 
 
-def _unloadable(model: Any) -> str | None:
-    """Why onnxruntime cannot load the written model (a kernel it lacks for a type,
-    say), or None: such a node goes to torch's exporter rather than failing validation."""
+def _session(model: Any) -> tuple[Any, str | None]:
+    """(an onnxruntime session of the model, None), or (None, why onnxruntime cannot
+    load it: a kernel it lacks for a type, say): a written model it refuses goes to
+    torch's exporter rather than failing validation."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
     options.log_severity_level = 4  # the refusal is reported here, once
     try:
-        ort.InferenceSession(model.SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"]), None
     except Exception as exc:  # noqa: BLE001  onnxruntime's own refusal
-        return f"onnxruntime cannot load the written model: {' '.join(str(exc).split())[:300]}"
-    return None
+        return None, ("onnxruntime cannot load the written model: "
+                      f"{' '.join(str(exc).split())[:300]}")
+
+
+def _checkable(module: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
+    """Whether fresh inputs can check the node: no random op (eager's draws differ
+    from any export's), inputs onnxruntime takes from NumPy (no bfloat16)."""
+    from ..onnx_writer.emit import is_random
+    if any(n.op == "call_function" and is_random(n.target) for n in module.graph.nodes):
+        return False
+    return not any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in inputs)
+
+
+def _fresh_difference(module: torch.fx.GraphModule, session: Any, inputs: Sequence[Any],
+                      input_names: list[str], output_names: list[str],
+                      reference: Any = None) -> Difference | None:
+    """How the session's model parts from eager (the module, or the callable it was
+    traced from) on inputs the trace never drew (leapp.compiling.fresh_inputs), or
+    None."""
+    if not _checkable(module, inputs):
+        return None
+    fed = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    order = [names.index(n) for n in output_names]
+
+    def run(draw: Sequence[Any]) -> list:
+        feeds = {n: t.detach().cpu().numpy() for n, t in zip(input_names, draw) if n in fed}
+        got = session.run(None, feeds)
+        return [torch.from_numpy(got[i]) for i in order]
+
+    return fresh_inputs.first_difference(module if reference is None else reference, run,
+                                         inputs, output_names)
+
+
+def _difference_reason(model: Any, module: torch.fx.GraphModule, origins: dict,
+                       difference: Difference, input_names: list[str]) -> str:
+    """'its torch.fmax differs from eager on an input with NaN (x): output ...'."""
+    from .. import onnx_writer
+    from ..onnx_writer.emit import op_label
+
+    def differs(got: torch.Tensor, want: torch.Tensor) -> str:
+        return fresh_inputs.compare(got, want, difference.draw.kind)
+
+    try:
+        culprit = onnx_writer.locate(model, module, list(difference.draw.inputs), origins,
+                                     differs)
+    except Exception:  # noqa: BLE001  locating is a courtesy: the difference stands
+        culprit = None
+    what = f"its {op_label(culprit)}" if culprit is not None else "its model"
+    return f"{what} differs from eager {difference.describe(input_names)}"
+
+
+def _refuse_if_differs(node: str, backend: str, module: torch.fx.GraphModule, proto: Any,
+                       inputs: Sequence[Any], input_names: list[str],
+                       output_names: list[str], writer_reason: str) -> None:
+    """Raise an ExportError when torch's exporter's model parts from eager on fresh
+    inputs as the writer's did: no ONNX model of this node is exact (compile_graph then
+    names the backends that are)."""
+    from ..export_errors import compose
+
+    session, _ = _session(proto)
+    if session is None:
+        return  # validation reports what onnxruntime says of it
+    difference = _fresh_difference(module, session, inputs, input_names, output_names)
+    if difference is None:
+        return
+    op = writer_reason.split(" differs from eager")[0].removeprefix("its ")
+    raise compose(node, backend, None if op == "model" else op, (), (
+        f"leapp's ONNX writer's model and torch's ONNX exporter's both part from eager: "
+        f"the writer's: {writer_reason.removeprefix('its ')}; torch's exporter's model "
+        f"differs from eager {difference.describe(input_names)}"),
+        "export this node with a backend that is exact on such inputs, or keep such "
+        "values out of the node's inputs", None)
 
 
 def writer_enabled() -> bool:
@@ -216,67 +307,19 @@ def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
     except Exception as exc:  # noqa: BLE001  a writer bug must not cost the model
         raise NotWritten(f"the ONNX writer failed: {type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]}") from None
+    session, unloadable = _session(model)
+    if session is None:
+        raise NotWritten(unloadable)
     try:
-        problem = _differs_from(fn, model, inputs, written_in)
-    except Exception as exc:  # noqa: BLE001  a model onnxruntime cannot load or run
+        difference = _fresh_difference(module, session, inputs, written_in, written_out,
+                                       reference=fn)
+    except Exception as exc:  # noqa: BLE001  a model onnxruntime cannot run
         raise NotWritten(f"onnxruntime could not run the written model: "
                          f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    if problem is not None:
-        raise NotWritten(f"the written model differs from the callable: {problem}")
+    if difference is not None:
+        raise NotWritten(f"the written model differs from the callable "
+                         f"{difference.describe(written_in)}")
     return model
-
-
-#: Fresh draws on which write_callable compares the written model with the callable.
-CALLABLE_CHECK_DRAWS = 2
-
-
-def _draw(example: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A random tensor like example: normal floats, small non-negative integers, bools."""
-    if example.dtype.is_floating_point:
-        return torch.randn(example.shape, generator=gen).to(example.dtype)
-    if example.dtype == torch.bool:
-        return torch.rand(example.shape, generator=gen) < 0.5
-    if not example.dtype.is_complex:
-        return torch.randint(0, 3, example.shape, generator=gen).to(example.dtype)
-    return example.clone()
-
-
-def _differs_from(fn: Any, model: Any, inputs: list[torch.Tensor],
-                  names: list[str]) -> str | None:
-    """How the model's outputs differ from fn's on fresh inputs (None: they agree).
-
-    Inputs are drawn at random (fixed seed); when fn itself refuses them (an index
-    out of range, say), the example inputs are compared instead."""
-    import numpy as np
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    fed = {i.name for i in session.get_inputs()}
-    gen = torch.Generator().manual_seed(0)
-    draws = [[_draw(t, gen) for t in inputs] for _ in range(CALLABLE_CHECK_DRAWS)]
-    compared = 0
-    for draw in draws + [inputs]:
-        try:
-            with torch.no_grad():
-                result = fn(*[t.clone() for t in draw])
-        except Exception:  # noqa: BLE001  inputs the callable refuses: the next draw
-            continue
-        want = list(result) if isinstance(result, (tuple, list)) else \
-            list(result.values()) if isinstance(result, dict) else [result]
-        got = session.run(None, {n: t.numpy() for n, t in zip(names, draw) if n in fed})
-        for index, (expected, actual) in enumerate(zip(want, got)):
-            actual_t = torch.from_numpy(np.asarray(actual))
-            expected = expected.detach()
-            if actual_t.dtype != expected.dtype or actual_t.shape != expected.shape:
-                return (f"output {index} is {actual_t.dtype} {list(actual_t.shape)} where the "
-                        f"callable gives {expected.dtype} {list(expected.shape)}")
-            if not torch.allclose(actual_t.double(), expected.double(), rtol=1e-4, atol=1e-5,
-                                  equal_nan=True):
-                return f"output {index} differs by up to " \
-                       f"{float((actual_t.double() - expected.double()).abs().max()):.3g}"
-        compared += 1
-    return None if compared else "the callable raised on every input drawn"
 
 
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,

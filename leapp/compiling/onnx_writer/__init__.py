@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from .emit import NoRule, WriterError
-from .graph import Walk, check_against_eager
+from .graph import Walk, check_against_eager, locate
 
-__all__ = ["NoRule", "WriterError", "ENV", "enabled", "write_model", "MIN_OPSET",
+__all__ = ["NoRule", "WriterError", "ENV", "enabled", "write_model", "locate", "MIN_OPSET",
            "MAX_OPSET"]
 
 #: The environment variable that chooses the writer: "torch" forces torch's exporter.
@@ -36,7 +36,7 @@ def enabled() -> bool:
 
 def write_model(node: str, module: torch.fx.GraphModule, example_inputs: list[torch.Tensor],
                 input_names: list[str], output_names: list[str], opset: int,
-                producer_version: str = "") -> Any:
+                producer_version: str = "", origins: dict | None = None) -> Any:
     """The node's ONNX model (onnx.ModelProto): inputs and outputs named and ordered as
     given, static shapes and dtypes as traced, one opset.  Raises NoRule (a call without
     a rule) or WriterError (the written model disagrees with eager).
@@ -44,7 +44,10 @@ def write_model(node: str, module: torch.fx.GraphModule, example_inputs: list[to
     Shapes inside the graph follow the inputs at run time where the node keeps an
     input's dimensions (a reshape's leading ones, a constant sized like the data it
     meets): the same model for the traced shapes, and one a batched fused model
-    stacks robots on as written (docs/fuse.md)."""
+    stacks robots on as written (docs/fuse.md).
+
+    origins, when given, is filled with the fx call each written value comes from
+    (`locate` names the op whose value parts from eager's)."""
     import onnx
     from onnx import helper
 
@@ -53,6 +56,8 @@ def write_model(node: str, module: torch.fx.GraphModule, example_inputs: list[to
                                        f"{MAX_OPSET}")
     walk = Walk(module, example_inputs, input_names, output_names, opset, node)
     graph = walk.run()
+    if origins is not None:
+        origins.update(walk.origins)
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="leapp",
                               producer_version=producer_version)

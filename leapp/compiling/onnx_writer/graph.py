@@ -21,6 +21,7 @@ import torch.fx as fx
 from ...bundle.dtypes import onnx_type
 from . import rules as _rules  # noqa: F401  (importing the families registers every rule)
 from .emit import RULES, Call, Emitter, NoRule, Value, WriterError, is_random, op_label, rule_key
+from .normalize import describe_form, normalize
 
 
 class _Recorder(fx.Interpreter):
@@ -70,6 +71,8 @@ class Walk:
         self.env: dict[fx.Node, Any] = {}
         self.consts: set[fx.Node] = set()
         self.expected: dict[str, torch.Tensor] = {}
+        #: the fx call each value a rule produced comes from (locate names the op)
+        self.origins: dict[str, fx.Node] = {}
 
     def _map(self, obj: Any) -> Any:
         if isinstance(obj, fx.Node):
@@ -117,8 +120,10 @@ class Walk:
                 raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
             if isinstance(result, Value):  # a rule's own Value (a constant, say)
                 self.expected.setdefault(result.name, example)
+                self.origins.setdefault(result.name, node)
                 return result
             self.expected[result] = example
+            self.origins[result] = node
             return Value(result, example)
         if isinstance(example, (tuple, list)):
             if not isinstance(result, (tuple, list)) or len(result) != len(example):
@@ -180,9 +185,17 @@ class Walk:
             fn = RULES.get(key)
             if fn is None:
                 raise NoRule(op_label(n))
-            call = Call(e, n, self._map(n.args), self._map(n.kwargs),
-                        self._example(n.args, values), self._example(n.kwargs, values),
-                        values[n])
+            args, kwargs = self._map(n.args), self._map(n.kwargs)
+            example_args = self._example(n.args, values)
+            example_kwargs = self._example(n.kwargs, values)
+            form = normalize(n, example_args, example_kwargs)
+            if form is False:
+                raise NoRule(op_label(n), f"called as {describe_form(example_args, example_kwargs)}"
+                                          f", a form none of the op's ATen overloads fits")
+            if form is not None:  # the function form of the overload the call binds to
+                args, kwargs = form.apply(args, kwargs)
+                example_args, example_kwargs = form.apply(example_args, example_kwargs)
+            call = Call(e, n, args, kwargs, example_args, example_kwargs, values[n])
             result = fn(call)
             self.env[n] = self._wrap(result, values[n], n)
         assert output_node is not None
@@ -213,10 +226,65 @@ class Walk:
                 node.input[:] = [renames.get(i, i) for i in node.input]
                 node.output[:] = [renames.get(o, o) for o in node.output]
             self.expected = {renames.get(k, k): v for k, v in self.expected.items()}
+            self.origins = {renames.get(k, k): v for k, v in self.origins.items()}
         nodes, initializers = _live(e.nodes, e.initializers, self.output_names)
         graph = e.helper.make_graph(nodes, "main_graph", graph_inputs, graph_outputs,
                                     initializers)
         return graph
+
+
+def locate(model: Any, module: fx.GraphModule, inputs: list, origins: dict[str, fx.Node],
+           tolerance: Any) -> fx.Node | None:
+    """The first fx call (in graph order) whose written value parts from eager's on
+    inputs, or None: the model runs once with every value a rule produced as an
+    extra output, beside the module in an fx interpreter.  tolerance(got, want) says
+    how two values differ ('' when they agree)."""
+    import copy
+
+    import numpy as np
+    import onnxruntime as ort
+
+    recorder = _Recorder(module)
+    try:
+        with torch.no_grad():
+            recorder.run(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    except Exception:  # noqa: BLE001  eager refuses the inputs: nothing to locate
+        return None
+    produced = {o for node in model.graph.node for o in node.output}
+    outputs = {v.name for v in model.graph.output}
+    probe = copy.deepcopy(model)
+    watched = [name for name in origins if name in produced]
+    for name in watched:
+        if name not in outputs:
+            probe.graph.output.append(probe_info(name, recorder.values[origins[name]]))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    session = ort.InferenceSession(probe.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    fed = {i.name for i in session.get_inputs()}
+    names = [i.name for i in model.graph.input]
+    feeds = {n: t.detach().cpu().numpy() for n, t in zip(names, _graph_inputs(module, inputs))
+             if n in fed}
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    order = {n: i for i, n in enumerate(module.graph.nodes)}
+    for name in sorted(watched, key=lambda n: order[origins[n]]):
+        want = recorder.values[origins[name]]
+        if isinstance(want, torch.Tensor) and tolerance(torch.from_numpy(np.asarray(got[name])),
+                                                        want.detach()):
+            return origins[name]
+    return None
+
+
+def probe_info(name: str, example: torch.Tensor) -> Any:
+    from onnx import helper
+    return helper.make_tensor_value_info(name, onnx_type(example.dtype), None)
+
+
+def _graph_inputs(module: fx.GraphModule, inputs: list) -> list:
+    """The inputs a written model keeps, in order (those some call reads)."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    return [t for n, t in zip(placeholders, inputs) if n.users]
 
 
 def _live(nodes: list, initializers: list, outputs: list[str]) -> tuple[list, list]:

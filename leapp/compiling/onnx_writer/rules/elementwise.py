@@ -175,8 +175,51 @@ def _power(call: Call, base: object, exponent: object) -> str:
         if exponent == 0:  # ones, NaN and inf included, as eager's
             return finish(call, e.op("Expand", [e.const(1, work), e.op("Shape", [x])]), work)
     work = opmath(call.out.dtype)
+    if not work.is_floating_point:
+        return finish(call, _integer_power(call, base, exponent, work), work)
     return finish(call, e.op("Pow", [_rounded(call, base, work), _rounded(call, exponent, work)]),
                   work)
+
+
+def _integer_power(call: Call, base: object, exponent: object, work: torch.dtype) -> str:
+    """An integer power as eager computes it: repeated squaring in the integer type, so
+    an overflow wraps as eager's does (ONNX's Pow goes through a double: off by 1e9);
+    a constant exponent unrolls, a tensor one loops over its 64 bits.  A negative
+    exponent is refused (eager raises or gives 0 / ±1 by the base)."""
+    e = call.e
+    if isinstance(exponent, bool):
+        exponent = int(exponent)
+    if isinstance(exponent, int):
+        if exponent < 0:
+            raise call.refuse("an integer power with a negative exponent")
+        x = _rounded(call, base, work)
+        result = None
+        square = x
+        while exponent:
+            if exponent & 1:
+                result = square if result is None else e.op("Mul", [result, square])
+            exponent >>= 1
+            if exponent:
+                square = e.op("Mul", [square, square])
+        if result is None:
+            return e.op("Expand", [e.const(1, work), e.op("Shape", [x])])
+        return result if result != x else e.op("Identity", [x])
+    if isinstance(exponent, Value) and bool((exponent.example < 0).any()):
+        raise call.refuse("an integer power with a negative exponent")
+    x = _rounded(call, base, work)
+    n = _rounded(call, exponent, work)
+    one, zero = e.const(1, work), e.const(0, work)
+    shape = e.op("Shape", [e.op("Add", [e.op("Mul", [x, zero]), e.op("Mul", [n, zero])])])
+    result = e.op("Expand", [one, shape])
+    square = e.op("Expand", [x, shape])
+    bits = 8 * torch.tensor([], dtype=work).element_size()
+    for bit in range(bits - 1):  # a non-negative exponent has bits - 1 value bits
+        mask = e.op("BitwiseAnd", [n, e.const(1 << bit, work)])
+        taken = e.op("Equal", [mask, zero])
+        result = e.op("Where", [taken, result, e.op("Mul", [result, square])])
+        if bit < bits - 2:
+            square = e.op("Mul", [square, square])
+    return result
 
 
 @rule("pow", "operator.pow")
@@ -377,14 +420,38 @@ def clamp_max(call: Call) -> str:
                                "Min", work), work)
 
 
-@rule("maximum", "fmax")
+@rule("maximum")
 def maximum(call: Call) -> str:
     return _binary(call, "Max", call.args[0], call.arg(1, "other"))
 
 
-@rule("minimum", "fmin")
+@rule("minimum")
 def minimum(call: Call) -> str:
     return _binary(call, "Min", call.args[0], call.arg(1, "other"))
+
+
+def _nan_ignoring(call: Call, op_type: str) -> str:
+    """fmax / fmin: the other operand where one is NaN (NaN only where both are);
+    ONNX's Max / Min give NaN as eager's maximum / minimum do."""
+    e = call.e
+    work = opmath(call.out.dtype)
+    a = operand(call, call.args[0], work)
+    b = operand(call, call.arg(1, "other"), work)
+    extreme = e.op(op_type, [a, b])
+    if work.is_floating_point:
+        extreme = e.op("Where", [e.op("IsNaN", [b]), e.op(op_type, [a, a]), extreme])
+        extreme = e.op("Where", [e.op("IsNaN", [a]), e.op(op_type, [b, b]), extreme])
+    return finish(call, extreme, work)
+
+
+@rule("fmax")
+def fmax(call: Call) -> str:
+    return _nan_ignoring(call, "Max")
+
+
+@rule("fmin")
+def fmin(call: Call) -> str:
+    return _nan_ignoring(call, "Min")
 
 
 @rule("lerp")

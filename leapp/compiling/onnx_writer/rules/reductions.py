@@ -3,11 +3,13 @@ cumulative sums, products, maxima and minima, sort and topk, argmax/argmin (firs
 index on ties, as eager)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..emit import Call, Value, rule
-from .common import (dims_arg, finish, nan_flags, nan_kept, norm_dim, operand, opmath,
-                     rule_name)
+from .common import (dims_arg, finish, float_work, nan_flags, nan_kept, norm_dim, operand,
+                     opmath, rule_name)
 
 
 def _dim_keep(call: Call, dim_index: int = 1) -> tuple[list[int] | None, bool]:
@@ -61,11 +63,42 @@ def _plain(op_type: str, integer_result: bool = False):  # noqa: ANN202
 
 
 rule("sum")(_plain("ReduceSum"))
-rule("mean", "nanmean")(_plain("ReduceMean"))
+rule("mean")(_plain("ReduceMean"))
 rule("prod")(_plain("ReduceProd"))
 rule("amax")(_plain("ReduceMax"))
 rule("amin")(_plain("ReduceMin"))
 rule("logsumexp")(_plain("ReduceLogSumExp"))
+
+
+def _nan_reduction(mean: bool):  # noqa: ANN202
+    """nansum / nanmean: NaN counted as 0 and, for the mean, left out of the count
+    (eager's NaN only where every reduced value is NaN)."""
+    def apply(call: Call) -> str:
+        e = call.e
+        x = call.args[0]
+        axes, keep = _dim_keep(call)
+        work = opmath(call.out.dtype)
+        v = operand(call, x, work)
+        if not work.is_floating_point:
+            if mean:
+                raise call.refuse(f"nanmean of {x.dtype}")
+            return finish(call, e.reduce("ReduceSum", v, axes, keep) if x.rank else v, work)
+        nan = e.op("IsNaN", [v])
+        clean = e.op("Where", [nan, e.const(0, work), v])
+        if x.rank == 0:
+            total = clean
+        else:
+            total = e.reduce("ReduceSum", clean, axes, keep)
+        if not mean:
+            return finish(call, total, work)
+        present = e.cast(e.op("Not", [nan]), torch.bool, work)
+        count = present if x.rank == 0 else e.reduce("ReduceSum", present, axes, keep)
+        return finish(call, e.op("Div", [total, count]), work)
+    return apply
+
+
+rule("nansum")(_nan_reduction(False))
+rule("nanmean")(_nan_reduction(True))
 
 
 def _min_max(op_type: str, arg_op: str, binary_op: str):  # noqa: ANN202
@@ -148,25 +181,25 @@ def count_nonzero(call: Call) -> str:
     return e.reduce("ReduceSum", flags, axes, False)
 
 
-def _correction(call: Call) -> float:
-    if "correction" in call.kwargs and call.kwargs["correction"] is not None:
-        return float(call.kwargs["correction"])
-    unbiased = call.kwargs.get("unbiased")
-    if unbiased is None and len(call.args) > 1 and isinstance(call.args[1], bool):
-        unbiased = call.args[1]
-    return 1.0 if unbiased is None or unbiased else 0.0
+def _variance_form(call: Call) -> tuple[Any, float, bool]:
+    """(dim, correction, keepdim) of a normalized var / std / var_mean / std_mean call:
+    (x, unbiased), (x, dim, unbiased, keepdim) or (x, dim, *, correction, keepdim)."""
+    args = call.args
+    if len(args) == 2 and isinstance(args[1], bool):
+        return None, 1.0 if args[1] else 0.0, False
+    dim = args[1] if len(args) > 1 else None
+    if len(args) > 2:  # the dim overload: unbiased and keepdim positional
+        return dim, 1.0 if args[2] else 0.0, bool(args[3]) if len(args) > 3 else False
+    correction = call.kwargs.get("correction")
+    return (dim, 1.0 if correction is None else float(correction),
+            bool(call.kwargs.get("keepdim", False)))
 
 
 def _variance(call: Call) -> tuple[str, torch.dtype]:
     e = call.e
     x = call.args[0]
-    dim = call.arg(1, "dim")
-    if isinstance(dim, bool):
-        dim = None
+    dim, correction, keep = _variance_form(call)
     axes = dims_arg(dim, x.rank)
-    keep = bool(call.kwargs.get("keepdim", call.args[2] if len(call.args) > 2
-                                and isinstance(call.args[1], (int, list, tuple))
-                                and not isinstance(call.args[1], bool) else False))
     work = opmath(call.out.dtype if not isinstance(call.out, tuple) else call.out[0].dtype)
     # eager's CPU kernel accumulates float32 in float64: the same digits, and squares of
     # values above 1.8e19 that do not overflow
@@ -178,7 +211,7 @@ def _variance(call: Call) -> tuple[str, torch.dtype]:
     count = 1
     for axis in (axes if axes is not None else range(x.rank)):
         count *= x.shape[axis]
-    denominator = max(count - _correction(call), 0)
+    denominator = max(count - correction, 0)
     return e.op("Div", [total, e.const(float(denominator), work)]), work
 
 
@@ -238,6 +271,8 @@ def cumsum(call: Call) -> str:
     x = call.args[0]
     dim = norm_dim(int(call.arg(1, "dim")), x.rank)
     out = call.out.dtype
+    if x.rank == 0:  # a 0-d input is its own sum (ONNX's CumSum needs an axis)
+        return call.e.cast(operand(call, x, x.dtype), x.dtype, out)
     work = _CUM_ACC.get(out, opmath(out))
     if work == torch.bool:
         work = torch.int64
@@ -247,6 +282,35 @@ def cumsum(call: Call) -> str:
     else:
         v = operand(call, x, work)
     return finish(call, call.e.op("CumSum", [v, call.e.scalar_int(dim)]), work)
+@rule("logcumsumexp")
+def logcumsumexp(call: Call) -> str:
+    """log of the running sum of exp along dim, stable at every position: each prefix
+    reduced with its own maximum (positions after it masked to -inf), so neither a
+    large value overflows nor a small one underflows (torch's exporter's
+    log(cumsum(exp)) gives inf above about 88)."""
+    e = call.e
+    x = call.args[0]
+    work = float_work(call)
+    v = operand(call, x, work)
+    if x.rank == 0:
+        return finish(call, e.op("Identity", [v]), work)
+    dim = norm_dim(int(call.arg(1, "dim")), x.rank)
+    n = x.shape[dim]
+    if n > CUM_MAX_LENGTH:
+        raise call.refuse(f"a dim of {n} (at most {CUM_MAX_LENGTH})")
+    # rows[i, j] = x[j] for j <= i, -inf after: axis dim + 1 holds j
+    later = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    shape = [1] * (x.rank + 1)
+    shape[dim], shape[dim + 1] = n, n
+    mask = e.tensor_const(later.reshape(shape))
+    rows = e.op("Where", [mask, e.const(float("-inf"), work), e.unsqueeze(v, [dim])])
+    top = e.reduce("ReduceMax", rows, [dim + 1], True)
+    # an infinite maximum (all -inf, or a +inf) shifts by 0: exp keeps the infinities
+    top = e.op("Where", [e.op("IsInf", [top]), e.const(0, work), top])
+    total = e.reduce("ReduceSum", e.op("Exp", [e.op("Sub", [rows, top])]), [dim + 1], False)
+    return finish(call, e.op("Add", [e.op("Log", [total]), e.squeeze(top, [dim + 1])]), work)
+
+
 #: Longest dim a cumulative product / max / min is written for (the product is unrolled,
 #: the max and min compare every pair of positions); longer ones go to torch's exporter.
 CUM_MAX_LENGTH = 1024
@@ -392,9 +456,8 @@ def var_mean(call: Call) -> list[str]:
     if rule_name(call) == "std_mean":
         value = call.e.op("Sqrt", [value])
     x = call.args[0]
-    dim = call.arg(1, "dim")
-    axes = dims_arg(None if isinstance(dim, bool) else dim, x.rank)
-    keep = bool(call.kwargs.get("keepdim", False))
+    dim, _, keep = _variance_form(call)
+    axes = dims_arg(dim, x.rank)
     mean = call.e.reduce("ReduceMean", operand(call, x, work), axes, keep)
     dtype = call.out[0].dtype
     return [call.e.cast(value, work, dtype), call.e.cast(mean, work, dtype)]
