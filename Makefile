@@ -10,7 +10,7 @@ CORE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
 # Development and CI builds treat C warnings as errors; users' pip builds do not.
 export LEAPP_DEV_BUILD := 1
 
-.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench oneshot compat fuzz fuzz-writers upstream-venv clean
+.PHONY: setup build debug demo test test-device test-matrix test-debug test-asan test-wheel wheel bench oneshot compat fuzz fuzz-writers opinfo upstream-venv clean
 
 setup: $(STAMP)
 
@@ -159,6 +159,32 @@ fuzz: build
 # by torch's exporter (LEAPP_ONNX_WRITER=torch); no upstream needed.
 fuzz-writers: build
 	$(PY) bench/fuzz.py --writers --n $(FUZZ_N) --seed $(FUZZ_SEED) $(if $(FUZZ_CASES),--save-cases $(FUZZ_CASES),)
+
+# PyTorch's op database through export_with="onnx" (bench/opinfo.py): every OpInfo
+# sample (OPINFO_LIMIT per op and dtype, OPINFO_DTYPES) traced as one node, exported,
+# and run in onnxruntime against eager on the sample, redrawn inputs and NaN / inf /
+# -0.0 / large / integer-edge copies; three runs: ours, ours with torch's exporter for
+# every node (LEAPP_ONNX_WRITER=torch), upstream 0.7.2 (.compat-venv, made here if
+# missing, with expecttest, which torch.testing._internal imports).  The censuses go
+# to $(OPINFO_OUT)/{ours,torch,upstream}.json, the three-way report to
+# $(OPINFO_OUT)/report.md; docs/backends.md's section is
+# `bench/opinfo.py --markdown ours.json torch.json upstream.json`.
+# tests/test_opinfo.py runs the hard-case ops of it in `make test`.
+OPINFO_OUT ?= build/opinfo
+OPINFO_LIMIT ?= 2
+OPINFO_DTYPES ?= float32,float16,int64,int32,bool
+OPINFO_ARGS = --dtypes $(OPINFO_DTYPES) --limit-per-op $(OPINFO_LIMIT) --quiet
+opinfo: build upstream-venv
+	@.compat-venv/bin/python -c "import expecttest" 2>/dev/null || \
+		.compat-venv/bin/python -m pip install -q --disable-pip-version-check \
+		-c constraints.txt expecttest
+	$(PY) bench/opinfo.py $(OPINFO_ARGS) --label ours --out $(OPINFO_OUT)/ours.json
+	LEAPP_ONNX_WRITER=torch $(PY) bench/opinfo.py $(OPINFO_ARGS) --label "torch's exporter" \
+		--out $(OPINFO_OUT)/torch.json
+	$(PY) bench/opinfo.py $(OPINFO_ARGS) --python .compat-venv --label "upstream 0.7.2" \
+		--out $(OPINFO_OUT)/upstream.json
+	$(PY) bench/opinfo.py --compare $(OPINFO_OUT)/ours.json $(OPINFO_OUT)/torch.json \
+		$(OPINFO_OUT)/upstream.json --report $(OPINFO_OUT)/report.md
 
 # Upstream leapp 0.7.2 in .compat-venv (torch pinned as everywhere): with it,
 # `make test` also runs the side-by-side compatibility tests.

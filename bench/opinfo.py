@@ -372,7 +372,7 @@ def compare(ref, got, ref64=None):
         if bool(bad.any()):
             diff = (g.double() - r.double()).abs().max().item()
             k = int(bad.reshape(-1).nonzero()[0])
-            return "%d of %d integers differ, max |diff| %s (eager %s, onnx %s)" % (
+            return "%d of %d integers differ, max abs diff %s (eager %s, onnx %s)" % (
                 int(bad.sum()), r.numel(), _fmt(diff), r.reshape(-1)[k].item(),
                 g.reshape(-1)[k].item())
         return None
@@ -399,7 +399,7 @@ def compare(ref, got, ref64=None):
     bad = fin & (diff > allowed)
     if bool(bad.any()):
         k = int(bad.reshape(-1).nonzero()[0])
-        return "%d of %d values beyond rtol %g / atol %g, max |diff| %s (eager %s, onnx %s)" % (
+        return "%d of %d values beyond rtol %g / atol %g, max abs diff %s (eager %s, onnx %s)" % (
             int(bad.sum()), r.numel(), rtol, atol, _fmt(diff[fin].max().item()),
             _fmt(r.reshape(-1)[k].item()), _fmt(g.reshape(-1)[k].item()))
     return None
@@ -726,7 +726,9 @@ def select_ops(db, ops=None, shard=None):
             if i % n != k:
                 continue
         chosen.append(op)
-    return chosen
+    # A fixed order that mixes the families, so that a run cut short (--census-only
+    # on its lines) is a fair sample of the database.
+    return sorted(chosen, key=lambda op: zlib.crc32(op_key(op).encode()))
 
 
 def worker(args):
@@ -790,15 +792,19 @@ def orchestrate(args):
     """Workers (restarted after a crash or hang) until every chosen sample has a record."""
     sys.path.insert(0, HERE)
     import compat
-    python = compat.resolve_python(args.python) if args.python else sys.executable
+    python = compat.resolve_python(os.path.abspath(args.python)) if args.python else \
+        sys.executable
     if not python:
         sys.exit("no interpreter at %s" % args.python)
     env = compat.clean_env(ours=not args.python)
     env["TQDM_DISABLE"] = "1"
+    # A refused node's survey of the other backends (ours only) costs up to a minute
+    # per sample and changes no outcome here.
+    env.setdefault("LEAPP_SURVEY_SECONDS", "0")
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     lines_path = out + ".lines"
-    if not args.resume and os.path.exists(lines_path):
+    if not (args.resume or args.census_only) and os.path.exists(lines_path):
         os.remove(lines_path)
     log_path = out + ".worker.log"
     meta = describe(python, env)
@@ -806,7 +812,7 @@ def orchestrate(args):
                  "shard": args.shard, "writer_env": os.environ.get("LEAPP_ONNX_WRITER", "")})
     t0 = time.time()
     restarts = 0
-    while True:
+    while not args.census_only:
         argv = [python, os.path.abspath(__file__), "--worker", lines_path,
                 "--dtypes", args.dtypes, "--limit-per-op", str(args.limit_per_op)]
         if args.ops:
@@ -851,6 +857,8 @@ def orchestrate(args):
     records = [d for d in _read_lines(lines_path) if "outcome" in d]
     census = build_census(records, meta)
     census["meta"]["seconds"] = round(time.time() - t0, 1)
+    lines = _read_lines(lines_path)
+    census["meta"]["complete"] = bool(lines and lines[-1].get("finished"))
     with open(out, "w") as f:
         json.dump(census, f, indent=1)
     if not args.quiet:
@@ -981,9 +989,12 @@ def markdown(censuses):
                     "trace error"))
     # One table per side keeps the lines readable.
     for census, lab in zip(censuses, labels):
-        lines.append("**%s** (leapp %s%s)" % (lab, census["meta"].get("leapp", "?"),
-                     ", LEAPP_ONNX_WRITER=" + census["meta"]["writer_env"]
-                     if census["meta"].get("writer_env") else ""))
+        meta = census["meta"]
+        lines.append("**%s** (leapp %s%s%s)" % (
+            lab, meta.get("leapp", "?"),
+            ", LEAPP_ONNX_WRITER=" + meta["writer_env"] if meta.get("writer_env") else "",
+            "" if meta.get("complete", True) else
+            ", a run cut short: %d ops of the database" % len(census["ops"])))
         lines.append("")
         lines.append("| family | driven | exported | written | fell back | refused | exact "
                      "| wrong | trace error | crashed |")
@@ -1000,6 +1011,7 @@ def markdown(censuses):
         lines.append("")
     del head
     if len(censuses) > 1:
+        lines += common_lines(censuses, labels)
         lines += comparison_lines(censuses, labels)
     wrong = wrong_list(censuses[0])
     lines.append("Silently wrong, trace errors and crashes with %s (op, dtype, sample, "
@@ -1012,6 +1024,43 @@ def markdown(censuses):
                                                       diff.replace("|", "/")))
     lines.append("")
     return "\n".join(lines)
+
+
+BEGIN = "<!-- opinfo:begin -->"
+END = "<!-- opinfo:end -->"
+
+
+def write_docs(path, text):
+    """The generated section between BEGIN and END of ``path`` replaced by ``text``."""
+    with open(path) as f:
+        doc = f.read()
+    start, stop = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    with open(path, "w") as f:
+        f.write(doc[:start] + "\n" + text.rstrip("\n") + "\n" + doc[stop:])
+
+
+def common_lines(censuses, labels):
+    """Per family, on the samples every side drove: exact / wrong / refused of each."""
+    sides = [_by_sample(c) for c in censuses]
+    keys = set(sides[0])
+    for side in sides[1:]:
+        keys &= set(side)
+    keys = {k for k in keys if all(s[k]["outcome"] != "skipped" for s in sides)}
+    lines = ["On the %d samples every side drove, exact / silently wrong / refused "
+             "(trace errors and crashes apart):" % len(keys), "",
+             "| family | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
+    for fam in FAMILIES + ("all",):
+        cells, n = [], 0
+        for side in sides:
+            rows = [side[k] for k in keys if fam == "all" or side[k]["family"] == fam]
+            n = len(rows)
+            count = {o: sum(1 for r in rows if r["outcome"] == o) for o in OUTCOMES}
+            cells.append("%d / %d / %d" % (count["exact"] + count["fell_back"], count["wrong"],
+                                           count["refused"]))
+        if n:
+            lines.append("| %s (%d) | %s |" % (fam, n, " | ".join(cells)))
+    lines.append("")
+    return lines
 
 
 def _by_sample(census):
@@ -1104,8 +1153,13 @@ def main(argv=None):
                     help="seconds without a finished sample before a worker is killed")
     ap.add_argument("--resume", action="store_true", help="keep the records of a previous run")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--census-only", action="store_true",
+                    help="no run: the census of the records a previous run left (OUT.lines)")
     ap.add_argument("--markdown", nargs="+", metavar="CENSUS",
                     help="print docs/backends.md's section from these censuses")
+    ap.add_argument("--write-docs", metavar="MD",
+                    help="with --markdown: replace the section between the opinfo "
+                         "markers of this file (docs/backends.md)")
     ap.add_argument("--compare", nargs="+", metavar="CENSUS",
                     help="the comparison report of these censuses (to --report)")
     ap.add_argument("--report", help="where --compare writes (default: stdout)")
@@ -1114,7 +1168,12 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     if args.markdown:
-        print(markdown([_load(p) for p in args.markdown]))
+        text = markdown([_load(p) for p in args.markdown])
+        if args.write_docs:
+            write_docs(args.write_docs, text)
+            print("[opinfo] %s: section rewritten" % args.write_docs)
+        else:
+            print(text)
         return 0
     if args.compare:
         text = compare_report([_load(p) for p in args.compare])
@@ -1134,8 +1193,11 @@ def main(argv=None):
 
 
 def _load(path):
+    """A census, its counts built again from its samples (the families as this file
+    draws them)."""
     with open(path) as f:
-        return json.load(f)
+        census = json.load(f)
+    return build_census(census["samples"], census["meta"])
 
 
 if __name__ == "__main__":
