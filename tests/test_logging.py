@@ -77,19 +77,21 @@ def test_basic_config_debug_shows_graph_dumps(tmp_path):
     assert proc.stderr.count(WARNING_TEXT) == 1
 
 
-def test_unconfigured_prints_warnings_to_stderr_and_summary_to_stdout(tmp_path):
+def test_unconfigured_prints_to_stderr_and_leaves_stdout_to_the_script(tmp_path):
+    """As a library (and upstream): a script whose stdout is piped gets only its own
+    output there; the progress lines and the artifacts record are on stderr."""
     proc = _run(tmp_path)
     assert proc.stderr.count(WARNING_TEXT) == 1
-    assert SUMMARY_TEXT not in proc.stderr
-    assert proc.stdout.count(SUMMARY_TEXT) == 1
-    assert proc.stdout.count(PROGRESS_TEXT) == 1 and PROGRESS_TEXT not in proc.stderr
+    assert proc.stderr.count(SUMMARY_TEXT) == 1
+    assert proc.stderr.count(PROGRESS_TEXT) == 1
+    assert proc.stdout.startswith("RESULT ") and proc.stdout.count("\n") == 1, proc.stdout
     assert DEBUG_TEXT not in proc.stderr + proc.stdout
     assert "Node context initialized" not in proc.stderr + proc.stdout  # INFO is quiet
 
 
 def test_unconfigured_logger_level_hides_the_summary(tmp_path):
     proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.WARNING)")
-    assert proc.stdout.count(SUMMARY_TEXT) == 1 and SUMMARY_TEXT not in proc.stderr
+    assert proc.stderr.count(SUMMARY_TEXT) == 1 and SUMMARY_TEXT not in proc.stdout
     assert PROGRESS_TEXT not in proc.stdout + proc.stderr  # the standard way to silence it
     assert proc.stderr.count(WARNING_TEXT) == 1
     proc = _run(tmp_path, "logging.getLogger('leapp').setLevel(logging.ERROR)")

@@ -9,9 +9,12 @@ Rules (docs/api.md, "Logging"):
   ``logging.basicConfig``), leapp adds no output of its own: records at or
   above the ``leapp`` logger's effective level reach the application's
   handlers once.  When nothing is configured, leapp prints through its own
-  console handler (one at most): warnings and errors to stderr, the rest to
-  stdout, from the ``PROGRESS`` level up (or the level set on the ``leapp``
-  logger).
+  console handler (one at most) to stderr, as libraries do (and as upstream
+  does), from the ``PROGRESS`` level up (or the level set on the ``leapp``
+  logger): a script's stdout stays its own, also when it is piped.  Inside a
+  notebook (an IPython kernel) the lines below WARNING and the artifacts
+  record go to stdout, the cell's plain output, and warnings and errors to
+  stderr.
 * ``verbose=True`` (``leapp.start``, ``compile_graph``) lowers that threshold
   to DEBUG in both cases.
 * Levels: DEBUG graph dumps, internals and third-party warnings raised while
@@ -19,7 +22,8 @@ Rules (docs/api.md, "Logging"):
   per compiled node (both below WARNING: ``basicConfig(level=logging.WARNING)``
   hides them, ``level=INFO`` shows them), SYSTEM (31, upstream's level, above
   WARNING) the record of the written artifacts: the application's handlers get
-  it as upstream's do, and leapp's own console prints it to stdout.
+  it as upstream's do, and leapp's own console prints it with the other lines
+  (stdout only in a notebook).
 * While compile_graph's progress bar shows (leapp's own console only, see
   leapp.compiling.progress), leapp's console lines are written through the bar, so the
   two never overwrite each other.
@@ -65,17 +69,30 @@ class _State:
     console_writer: Callable[[str, TextIO], None] | None = None
 
 
+def in_notebook() -> bool:
+    """Whether this process is a notebook's kernel (IPython running in ipykernel)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001  (an IPython without a shell: no notebook)
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 class _ConsoleHandler(logging.Handler):
     """leapp's own console output when the application configured none.
 
     The stream is looked up at each record (notebooks and test runners swap
-    sys.stdout / sys.stderr): WARNING and above to stderr, the rest (and SYSTEM) to stdout.
+    sys.stdout / sys.stderr): stderr, as for any library; in a notebook the
+    records below WARNING (and SYSTEM) go to stdout, the cell's plain output.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            stream = sys.stderr if record.levelno >= logging.WARNING \
-                and record.levelno != SYSTEM else sys.stdout
+            quiet = record.levelno < logging.WARNING or record.levelno == SYSTEM
+            stream = sys.stdout if quiet and in_notebook() else sys.stderr
             text = self.format(record)
             code = _COLOURS.get(record.levelno)
             if code and getattr(stream, "isatty", lambda: False)():

@@ -3,7 +3,8 @@
 * One line per node as it finishes (exported or reused, then validated), at
   the PROGRESS level of the `leapp` logger: the node, its backend, the export
   seconds and the validation verdict.  It goes to log.txt always and to the
-  console as any leapp record does (leapp/bundle/log.py): shown by default,
+  console as any leapp record does (leapp/bundle/log.py: stderr, stdout only in
+  a notebook, so a script's piped stdout stays its own): shown by default,
   hidden by ``logging.getLogger("leapp").setLevel(logging.WARNING)`` or an
   application's ``basicConfig(level=logging.WARNING)``.
 * A progress bar over the whole compile (every export, the bundle's files,
