@@ -4,8 +4,10 @@
 When a node's backend fails, compile_graph tries the node's traced graph with
 every other backend, each in a temporary directory (nothing is written into
 the bundle), loads what it wrote the way InferenceManager does and runs it on
-the traced inputs; a backend whose outputs match the traced ones
-(rtol 1e-3, atol 1e-5, as compile_graph validates) "exports this node".  The
+the traced inputs and on fresh ones (leapp.compiling.fresh_inputs: perturbed,
+NaN, infinities, large values); a backend whose outputs match the traced ones
+(rtol 1e-3, atol 1e-5, as compile_graph validates) and eager's on the fresh
+inputs "exports this node".  The
 error then names them: "export_with='onnx', 'jit' or 'pt2' export this node";
 a node no backend exports gets each backend's reason in one line.
 
@@ -144,6 +146,9 @@ def try_backend(node: Any, backend: str) -> Attempt:
                     if reason:
                         reason = f"exports, but {reason}"
                         break
+                if not reason and not info(node).random_ops:
+                    reason = _fresh(module, call, keep, device, examples[0][0],
+                                    [p.name for p in node.outputs])
                 del call
         except Exception as error:  # noqa: BLE001  (any failure is this backend's answer)
             reason = _reason(error)
@@ -153,6 +158,24 @@ def try_backend(node: Any, backend: str) -> Attempt:
         reason += f": the node draws random numbers ({ops}), which no export reproduces"
     seconds = time.perf_counter() - started
     return Attempt(backend, not reason, reason, seconds, op)
+
+
+def _fresh(module: Any, call: Any, keep: list[int], device: str, inputs: list,
+           output_names: list[str]) -> str:
+    """'' when the loaded model agrees with eager on inputs the trace never drew
+    (leapp.compiling.fresh_inputs: NaN, infinities, large values...), else how not."""
+    from .fresh_inputs import first_difference
+
+    def run(draw: Any) -> list:
+        args = [draw[i].to(device) if isinstance(draw[i], torch.Tensor) else draw[i]
+                for i in keep]
+        with torch.no_grad(), torch.jit.optimized_execution(False):
+            got = call(*args)
+        return list(got) if isinstance(got, (tuple, list)) else [got]
+
+    difference = first_difference(module, run, inputs, output_names)
+    return "" if difference is None else \
+        f"exports, but differs from eager {difference.describe()}"
 
 
 def survey(node: Any, skip: Sequence[str] = (), budget: float | None = None) -> list[Attempt]:
@@ -189,7 +212,8 @@ def advice(attempts: Sequence[Attempt], failed: str | None = None,
     if working:
         verb = "exports" if len(working) == 1 else "export"
         return (f"export_with={_quoted(working)} {verb} this node (each exported and "
-                f"validated on the traced inputs).")
+                f"validated on the traced inputs and on fresh ones: NaN, infinities, large "
+                f"values).")
     lines = ["No backend exports this node:"]
     if failed is not None:
         lines.append(f"    {SHORT.get(failed, failed)}: {failed_reason}")

@@ -184,8 +184,9 @@ def _power(call: Call, base: object, exponent: object) -> str:
 def _integer_power(call: Call, base: object, exponent: object, work: torch.dtype) -> str:
     """An integer power as eager computes it: repeated squaring in the integer type, so
     an overflow wraps as eager's does (ONNX's Pow goes through a double: off by 1e9);
-    a constant exponent unrolls, a tensor one loops over its 64 bits.  A negative
-    exponent is refused (eager raises or gives 0 / ±1 by the base)."""
+    a constant exponent unrolls, a tensor one loops over its bits.  A negative
+    constant exponent is refused (eager raises); a negative tensor one gives eager's
+    1 / ±1 / 0 by the base."""
     e = call.e
     if isinstance(exponent, bool):
         exponent = int(exponent)
@@ -204,8 +205,6 @@ def _integer_power(call: Call, base: object, exponent: object, work: torch.dtype
         if result is None:
             return e.op("Expand", [e.const(1, work), e.op("Shape", [x])])
         return result if result != x else e.op("Identity", [x])
-    if isinstance(exponent, Value) and bool((exponent.example < 0).any()):
-        raise call.refuse("an integer power with a negative exponent")
     x = _rounded(call, base, work)
     n = _rounded(call, exponent, work)
     one, zero = e.const(1, work), e.const(0, work)
@@ -219,7 +218,14 @@ def _integer_power(call: Call, base: object, exponent: object, work: torch.dtype
         result = e.op("Where", [taken, result, e.op("Mul", [result, square])])
         if bit < bits - 2:
             square = e.op("Mul", [square, square])
-    return result
+    # a negative exponent: 1 for a base of 1, ±1 by parity for -1, else 0 (eager's kernel)
+    minus_one = e.const(-1, work)
+    odd = e.op("Not", [e.op("Equal", [e.op("BitwiseAnd", [n, one]), zero])])
+    of_minus_one = e.op("Where", [odd, minus_one, one])
+    negative = e.op("Where", [e.op("Equal", [x, one]), one,
+                              e.op("Where", [e.op("Equal", [x, minus_one]), of_minus_one,
+                                             zero])])
+    return e.op("Where", [e.op("Less", [n, zero]), negative, result])
 
 
 @rule("pow", "operator.pow")
