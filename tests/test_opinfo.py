@@ -143,6 +143,19 @@ def test_compare_sees_nan_inf_and_integer_differences():
     assert opinfo.compare(half, np.array([1.0009765625], np.float16)) is None
 
 
+def test_large_inputs_judge_overflow_not_rounding():
+    """On inputs of magnitude 1e30 a sum's order decides what cancels: rounding at that
+    magnitude and NaN against inf are no difference; a finite value where eager
+    overflowed (softplus(1e30) written as log(1 + exp(x)) gives inf) is one."""
+    import numpy as np
+    ref = torch.tensor([0.72, float("nan"), 1e30, 3.0])
+    assert opinfo.compare(ref, np.array([0.0, np.inf, 1e30, 3.0], np.float32),
+                          overflow=1e30) is None
+    assert "finite on one side" in opinfo.compare(
+        ref, np.array([0.0, np.inf, np.inf, 3.0], np.float32), overflow=1e30)
+    assert opinfo.compare(ref, np.array([0.0, np.inf, 1e30, 3.0], np.float32)) is not None
+
+
 def test_inputs_keep_shapes_and_carry_the_special_values():
     x = torch.linspace(-2, 3, 12).reshape(3, 4)
     y = torch.tensor(0.5)
