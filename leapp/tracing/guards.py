@@ -379,8 +379,9 @@ def on_data_shape(node: _core.Node, func: Any, args: tuple, kwargs: Any, result:
     seen = f"its shape was {_shown(value)}" if dynamic else f"the range was {_shown(value)}"
     decided = "shape" if dynamic else "bin edges (the data's min and max)"
     _report(f"{what[0].upper()}{what[1:]} in node '{node.name}' at {_op_line(site)} gives a "
-            f"result whose {decided} the data decides: {seen} here, and the exported model "
-            f"keeps that on every input, on every backend (baked in). {fix}", "warning")
+            f"result whose {decided} the data decides: {seen} here, and the bundle is built "
+            f"for that (baked in): its port shapes, and a model that fixes the value (the "
+            f"ONNX writer's), do not follow other inputs, on every backend. {fix}", "warning")
     return dynamic
 
 
@@ -485,9 +486,9 @@ def check_outputs(node: _core.Node, outputs: list[tuple[str, Any]]) -> None:
             node_info.guards[site] = pending
             _report(f"Output '{name}' of node '{node.name}' has a shape the data decides: "
                     f"it comes from {pending.what} at {_op_line(site)}, whose shape was "
-                    f"{_shown(pending.values[0])} here, and the bundle keeps the traced shape "
-                    f"{_shown(_shape_of(value))} for '{name}' on every input, on every backend "
-                    f"(baked in). {_MASK_FIX} {_FIX}", "warning")
+                    f"{_shown(pending.values[0])} here, and the bundle's port keeps the traced "
+                    f"shape {_shown(_shape_of(value))} for '{name}' on every input, on every "
+                    f"backend (baked in). {_MASK_FIX} {_FIX}", "warning")
 
 
 def _later_pass(first: _core.Node, node_info: NodeInfo, site: tuple, what: str,

@@ -251,10 +251,17 @@ def _rewrite_setitem(dest: torch.Tensor, key: Any, value: Any) -> tuple:
         if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
                 and tuple(mask.shape) == tuple(dest.shape)):
             return _masked_rewrite(dest, base, mask, value)
+        carrier = next((c for c in (_core.carrier_of(k) for k in (
+            key if isinstance(key, (tuple, list)) else (key,)) if isinstance(k, torch.Tensor))
+            if c is not None), None)
+        file, line = user_site()
         raise NotImplementedError(
             "Advanced indexing with TracedTensor indices is only auto-lowered for boolean masks "
             "of the destination's shape in an assignment; compute the result with torch.where() "
-            "or index with a static key instead.")
+            "or index with a static key instead. (node "
+            f"'{carrier.node.name if carrier is not None else '?'}', {file}:{line}: "
+            "dest[key] = v with a traced key of another kind; for a mask over dest's leading "
+            "dimensions, expand it to dest's shape: dest[mask[..., None].expand_as(dest)] = v)")
     with torch._C.DisableTorchFunctionSubclass():
         order = torch.arange(dest.numel()).reshape(tuple(dest.shape))
         positions = order[key].clone()
