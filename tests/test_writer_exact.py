@@ -267,3 +267,24 @@ def test_compare_judges_nan_inf_and_rounding():
     assert fresh_inputs.compare(big + torch.tensor([1e24, 0.0]), big, "large") == ""
     assert "off by" in fresh_inputs.compare(big + torch.tensor([0.0, 1e28]), big, "large")
     assert "positions" in fresh_inputs.compare(torch.tensor([1, 2]), torch.tensor([1, 3]))
+
+
+@pytest.mark.parametrize("case", ["broadcast", "no_dim", "negative"])
+def test_take_along_dim_broadcasts_as_eager(tmp_path, caplog, case):
+    """take_along_dim broadcasts x and the indices on every axis but dim (the writer's
+    model failed in onnxruntime on a broadcast index)."""
+    def make(trial: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(trial)
+        x = torch.randn(1, 5, generator=gen) if case == "broadcast" else \
+            torch.randn(3, 5, generator=gen)
+        high = 5 if case != "no_dim" else 15
+        low = -5 if case == "negative" else 0
+        i = torch.randint(low, high, (3, 2) if case != "no_dim" else (4,), generator=gen)
+        return [x, i]
+
+    def fn(x, i):
+        return torch.take_along_dim(x, i) if case == "no_dim" else \
+            torch.take_along_dim(x, i, dim=1)
+    path, log = _export(tmp_path, fn, make(0), caplog)
+    assert FELL_BACK not in log
+    _replay(path, fn, make)

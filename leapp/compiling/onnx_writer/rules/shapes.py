@@ -328,12 +328,28 @@ def gather(call: Call) -> str:
 
 @rule("take_along_dim")
 def take_along_dim(call: Call) -> str:
+    """GatherElements after eager's broadcasting: x and the indices broadcast against each
+    other on every axis but dim (x keeps its size there, the indices theirs); without a
+    dim, both flattened."""
+    e = call.e
     x = call.args[0]
     index, dim = call.arg(1, "indices"), call.arg(2, "dim")
-    if dim is None or tuple(index.shape) != tuple(call.out.shape) or index.rank != x.rank:
-        raise call.refuse("take_along_dim with broadcasting or without dim")
-    return call.e.op("GatherElements", [x.name, _index(call, index)],
-                     axis=norm_dim(int(dim), x.rank))
+    if not isinstance(index, Value):
+        raise call.refuse("constant indices")
+    if dim is None:
+        flat_x = e.reshape(x.name, (-1,))
+        flat_i = e.reshape(_index(call, index), (-1,))
+        return e.op("GatherElements", [flat_x, flat_i], axis=0)
+    if index.rank != x.rank or x.rank == 0:
+        raise call.refuse("take_along_dim with indices of another rank")
+    axis = norm_dim(int(dim), x.rank)
+    out = list(call.out.shape)
+    data, idx = x.name, _index(call, index)
+    if list(x.shape[:axis]) + list(x.shape[axis + 1:]) != out[:axis] + out[axis + 1:]:
+        data = e.op("Expand", [data, e.ints(out[:axis] + [x.shape[axis]] + out[axis + 1:])])
+    if list(index.shape) != out:
+        idx = e.op("Expand", [idx, e.ints(out)])
+    return e.op("GatherElements", [data, idx], axis=axis)
 
 
 @rule("scatter", "scatter_add")
