@@ -34,8 +34,13 @@ the comparer checks
 * yaml: bench/compat.py's ``compare_yaml`` (key by key, digests masked) and
   the initial values;
 * replay: each bundle run by its own package's ``InferenceManager`` for 3
-  steps on inputs seeded from the YAML's graph inputs: same output keys,
-  ``allclose(1e-5)`` values.
+  steps on inputs seeded from the YAML's graph inputs, then from a fresh
+  manager on step 0's inputs with NaN, +inf, -inf and large values at a third
+  of the float positions and integers at their dtype's edges
+  (``ADVERSARIAL``): same output keys, ``allclose(1e-5)`` values, NaN where
+  the other side has NaN (the writers mode leaves the adversarial steps out:
+  torch's exporter's models differ from eager on special values by design,
+  and the writer's were held to eager on such inputs when they compiled).
 
 Every difference gets a class (check plus a normalised signature); classes
 matching ``KNOWN_DIFFERENCES`` (bugs being fixed: shrink the list as fixes
@@ -735,8 +740,56 @@ def _replay(yaml_path, out_path):
         info["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the comparer
         info["error"] = "%s: %s" % (type(exc).__name__, exc)
+    if info["ok"]:
+        info["adversarial"] = _replay_adversarial(yaml_path, steps.get(0, {}), tensors)
     save_file(tensors, out_path)
     return info
+
+
+#: The adversarial replay steps: step 0's inputs with these values at a third of the
+#: float positions, or integers at their dtype's edges (fed after the plain steps, so
+#: a NaN in fed-back state reaches no plain step).
+ADVERSARIAL = ("nan", "+inf", "-inf", "large", "int-edges")
+
+
+def _adversarial(value, kind):
+    import torch
+    v = value.clone()
+    flat = v.reshape(-1)
+    if kind == "int-edges":
+        if v.is_floating_point() or v.dtype == torch.bool:
+            return v
+        info = torch.iinfo(v.dtype)
+        flat[0::2] = info.max
+        flat[1::2] = info.min
+        return v
+    if not v.is_floating_point():
+        return v
+    fill = {"nan": float("nan"), "+inf": float("inf"), "-inf": float("-inf"),
+            "large": 6.0e4 if v.dtype == torch.float16 else 1.0e30}[kind]
+    flat[0::3] = fill
+    return v
+
+
+def _replay_adversarial(yaml_path, first, tensors):
+    """Each adversarial kind's outputs ("a<kind>|<output>") from a fresh manager; a kind
+    the bundle raises on is recorded as "<kind>: <error>" (both sides are compared)."""
+    import torch
+    from leapp import InferenceManager
+    errors = []
+    for kind in ADVERSARIAL:
+        fed = {k: _adversarial(v, kind) for k, v in first.items()}
+        if all(torch.equal(fed[k], first[k]) for k in first):
+            continue
+        try:
+            manager = InferenceManager(yaml_path)
+            with torch.no_grad():
+                outputs = manager.run_policy(fed)
+            for name, value in outputs.items():
+                tensors["a%s|%s" % (kind, name)] = value.detach().cpu().clone().contiguous()
+        except Exception as exc:  # noqa: BLE001 - compared: raising is an outcome
+            errors.append("%s: %s" % (kind, type(exc).__name__))
+    return errors
 
 
 def _onnx_files(yaml_path):
@@ -927,8 +980,9 @@ def _yaml_kind(d):
     return "value"
 
 
-def _compare_replay(ours, up, sides=SIDES["upstream"], rtol=TOL, atol=TOL):
-    """[(class, detail)] between the two sides' replays (``sides``: their labels)."""
+def _compare_replay(ours, up, sides=SIDES["upstream"], rtol=TOL, atol=TOL, adversarial=True):
+    """[(class, detail)] between the two sides' replays (``sides``: their labels);
+    adversarial=False leaves out the adversarial steps ("a<kind>|..." keys)."""
     import torch
     from safetensors.torch import load_file
     first, second = sides
@@ -945,6 +999,12 @@ def _compare_replay(ours, up, sides=SIDES["upstream"], rtol=TOL, atol=TOL):
                                                          ru["outputs"]))]
     a = load_file(os.path.join(os.path.dirname(ours["yaml"]), "..", "replay.safetensors"))
     b = load_file(os.path.join(os.path.dirname(up["yaml"]), "..", "replay.safetensors"))
+    if not adversarial:
+        a = {k: v for k, v in a.items() if k[:1].isdigit()}
+        b = {k: v for k, v in b.items() if k[:1].isdigit()}
+    elif ro.get("adversarial") != ru.get("adversarial"):
+        return [("adversarial replay raises on one side", "%s %s, %s %s" % (
+            first, ro.get("adversarial"), second, ru.get("adversarial")))]
     return compare_tensors(a, b, sides, rtol, atol)
 
 
@@ -1054,7 +1114,11 @@ def compare_writers(prog, a, b):
             add("producer", "%s file written by the writer under %s=torch" % (second,
                                                                               WRITER_ENV),
                 ["%s: -" % first, "%s: %s written by 'leapp'" % (second, fname)])
-    rdiffs = _compare_replay(a, b, (first, second), WRITER_RTOL, WRITER_ATOL)
+    # the adversarial steps are left out here: torch's exporter's models differ from
+    # eager on special values by design (docs/compatibility.md), and the writer's side
+    # was held to eager on such inputs when it compiled (its fresh-input check)
+    rdiffs = _compare_replay(a, b, (first, second), WRITER_RTOL, WRITER_ATOL,
+                             adversarial=False)
     if rdiffs:
         add("replay", rdiffs[0][0], [d[1] for d in rdiffs])
     return diffs
