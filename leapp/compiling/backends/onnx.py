@@ -161,7 +161,7 @@ def _write(node: str, module: torch.fx.GraphModule, inputs: tuple, input_names: 
             session, reason = _session(model)
             if session is not None:
                 difference = _fresh_difference(module, session, inputs, input_names,
-                                               output_names)
+                                               output_names, tie_ordered=_tie_ordered(origins))
                 if difference is None:
                     logger.debug("[%s] %s", node, WRITTEN)
                     return model, None, None
@@ -201,9 +201,19 @@ def _checkable(module: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     return not any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in inputs)
 
 
+def _tie_ordered(origins: dict) -> set[str]:
+    """The written values that are topk's indices: their order among equal values is
+    eager's kernel's, which follows no rule (fresh_inputs.first_difference)."""
+    from ..onnx_writer.emit import rule_key
+    return {name for name, (node, path) in origins.items()
+            if path == (1,) and node.op in ("call_function", "call_method")
+            and rule_key(node) == "topk"}
+
+
 def _fresh_difference(module: torch.fx.GraphModule, session: Any, inputs: Sequence[Any],
                       input_names: list[str], output_names: list[str],
-                      reference: Any = None) -> Difference | None:
+                      reference: Any = None, tie_ordered: set[str] = frozenset()
+                      ) -> Difference | None:
     """How the session's model parts from eager (the module, or the callable it was
     traced from) on inputs the trace never drew (leapp.compiling.fresh_inputs), or
     None."""
@@ -219,7 +229,7 @@ def _fresh_difference(module: torch.fx.GraphModule, session: Any, inputs: Sequen
         return [torch.from_numpy(got[i]) for i in order]
 
     return fresh_inputs.first_difference(module if reference is None else reference, run,
-                                         inputs, output_names)
+                                         inputs, output_names, tie_ordered=tie_ordered)
 
 
 def _difference_reason(model: Any, module: torch.fx.GraphModule, origins: dict,

@@ -71,8 +71,9 @@ class Walk:
         self.env: dict[fx.Node, Any] = {}
         self.consts: set[fx.Node] = set()
         self.expected: dict[str, torch.Tensor] = {}
-        #: the fx call each value a rule produced comes from (locate names the op)
-        self.origins: dict[str, fx.Node] = {}
+        #: the fx call each value a rule produced comes from, and where in its result
+        #: (() for a tensor, (1,) for topk's indices): locate names the op
+        self.origins: dict[str, tuple[fx.Node, tuple]] = {}
 
     def _map(self, obj: Any) -> Any:
         if isinstance(obj, fx.Node):
@@ -111,8 +112,9 @@ class Walk:
             return type(value)(self._const_value(v, hint) for v in value)
         return value
 
-    def _wrap(self, result: Any, example: Any, node: fx.Node) -> Any:
-        """The rule's name(s) paired with eager's example value(s)."""
+    def _wrap(self, result: Any, example: Any, node: fx.Node, path: tuple = ()) -> Any:
+        """The rule's name(s) paired with eager's example value(s) (path: where in the
+        call's result this one lies)."""
         if isinstance(example, torch.Tensor):
             if not isinstance(result, (str, Value)):
                 raise WriterError(f"rule for {op_label(node)} returned {result!r}")
@@ -120,16 +122,17 @@ class Walk:
                 raise NoRule(op_label(node), f"a result of dtype {example.dtype}")
             if isinstance(result, Value):  # a rule's own Value (a constant, say)
                 self.expected.setdefault(result.name, example)
-                self.origins.setdefault(result.name, node)
+                self.origins.setdefault(result.name, (node, path))
                 return result
             self.expected[result] = example
-            self.origins[result] = node
+            self.origins[result] = (node, path)
             return Value(result, example)
         if isinstance(example, (tuple, list)):
             if not isinstance(result, (tuple, list)) or len(result) != len(example):
                 raise WriterError(f"rule for {op_label(node)} returned {result!r}, eager gives "
                                   f"{len(example)} values")
-            return [self._wrap(r, x, node) for r, x in zip(result, example)]
+            return [self._wrap(r, x, node, path + (i,))
+                    for i, (r, x) in enumerate(zip(result, example))]
         return result if result is not None else example
 
     def run(self) -> Any:
@@ -233,8 +236,17 @@ class Walk:
         return graph
 
 
-def locate(model: Any, module: fx.GraphModule, inputs: list, origins: dict[str, fx.Node],
-           tolerance: Any) -> fx.Node | None:
+def origin_value(values: dict, origin: tuple[fx.Node, tuple]) -> Any:
+    """The eager value an origin names (a call's result, or an element of it)."""
+    node, path = origin
+    value = values[node]
+    for index in path:
+        value = value[index]
+    return value
+
+
+def locate(model: Any, module: fx.GraphModule, inputs: list,
+           origins: dict[str, tuple[fx.Node, tuple]], tolerance: Any) -> fx.Node | None:
     """The first fx call (in graph order) whose written value parts from eager's on
     inputs, or None: the model runs once with every value a rule produced as an
     extra output, beside the module in an fx interpreter.  tolerance(got, want) says
@@ -256,7 +268,8 @@ def locate(model: Any, module: fx.GraphModule, inputs: list, origins: dict[str, 
     watched = [name for name in origins if name in produced]
     for name in watched:
         if name not in outputs:
-            probe.graph.output.append(probe_info(name, recorder.values[origins[name]]))
+            probe.graph.output.append(probe_info(name, origin_value(recorder.values,
+                                                                    origins[name])))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
@@ -268,11 +281,11 @@ def locate(model: Any, module: fx.GraphModule, inputs: list, origins: dict[str, 
              if n in fed}
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     order = {n: i for i, n in enumerate(module.graph.nodes)}
-    for name in sorted(watched, key=lambda n: order[origins[n]]):
-        want = recorder.values[origins[name]]
+    for name in sorted(watched, key=lambda n: (order[origins[n][0]], origins[n][1])):
+        want = origin_value(recorder.values, origins[name])
         if isinstance(want, torch.Tensor) and tolerance(torch.from_numpy(np.asarray(got[name])),
                                                         want.detach()):
-            return origins[name]
+            return origins[name][0]
     return None
 
 

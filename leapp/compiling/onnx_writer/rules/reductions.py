@@ -412,13 +412,31 @@ rule("cummin")(_cumulative_extreme(False))
 
 
 def _topk(call: Call, x: Value, k: int, dim: int, largest: bool) -> list[str]:
+    """TopK, equal values in index order (a stable sort's).  Floats place NaN as eager
+    does, above +inf (last ascending, first descending): a second, stable TopK of
+    the NaN flags in the first one's order moves them, as onnxruntime orders NaN
+    arbitrarily."""
     e = call.e
     work = opmath(x.dtype)
     if work == torch.bool:
         raise call.refuse("sorting booleans")
     v = operand(call, x, work)
-    values, indices = e.op("TopK", [v, e.ints([k])], outputs=2, axis=dim,
-                           largest=int(largest), sorted=1)
+    if not work.is_floating_point:
+        values, indices = e.op("TopK", [v, e.ints([k])], outputs=2, axis=dim,
+                               largest=int(largest), sorted=1)
+        return [e.cast(values, work, x.dtype), indices]
+    n = x.shape[dim] if x.rank else 1
+    nan = e.op("IsNaN", [v])
+    plain = e.op("Where", [nan, e.const(float("inf"), work), v])
+    _, first = e.op("TopK", [plain, e.ints([n])], outputs=2, axis=dim, largest=int(largest),
+                    sorted=1)
+    flags = e.op("GatherElements", [e.cast(nan, torch.bool, torch.int32), first], axis=dim)
+    _, moved = e.op("TopK", [flags, e.ints([n])], outputs=2, axis=dim, largest=int(largest),
+                    sorted=1)
+    indices = e.op("GatherElements", [first, moved], axis=dim)
+    if k < n:
+        indices = e.slice(indices, [0], [k], [dim])
+    values = e.op("GatherElements", [v, indices], axis=dim)
     return [e.cast(values, work, x.dtype), indices]
 
 
