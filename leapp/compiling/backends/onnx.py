@@ -195,8 +195,8 @@ def _session(model: Any) -> tuple[Any, str | None]:
 def _checkable(module: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     """Whether fresh inputs can check the node: no random op (eager's draws differ
     from any export's), inputs onnxruntime takes from NumPy (no bfloat16)."""
-    from ..onnx_writer.emit import is_random
-    if any(n.op == "call_function" and is_random(n.target) for n in module.graph.nodes):
+    from ..onnx_writer.emit import may_draw_random
+    if any(n.op == "call_function" and may_draw_random(n.target) for n in module.graph.nodes):
         return False
     return not any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in inputs)
 

@@ -26,8 +26,10 @@ class WriterError(Exception):
     """The writer produced a model that disagrees with eager (a rule's bug)."""
 
 
-#: Functions that draw random numbers are never folded into constants.
-def is_random(func: Any) -> bool:
+def may_draw_random(func: Any) -> bool:
+    """Whether func is one of torch's random functions (dropout included, whatever its
+    training flag): a call of one is never folded into a constant, and a node holding
+    one is not checked on fresh inputs."""
     return _tracing_ops.random_name(func) is not None
 
 

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from ...bundle.dtypes import onnx_type
 from . import rules as _rules  # noqa: F401  (importing the families registers every rule)
-from .emit import RULES, Call, Emitter, NoRule, Value, WriterError, is_random, op_label, rule_key
+from .emit import RULES, Call, Emitter, NoRule, Value, WriterError, may_draw_random, op_label, rule_key
 from .normalize import describe_form, normalize
 
 
@@ -38,15 +38,10 @@ class _Recorder(fx.Interpreter):
 
 
 def _is_const_arg(obj: Any, consts: set) -> bool:
-    if isinstance(obj, fx.Node):
-        return obj in consts
-    if isinstance(obj, (tuple, list)):
-        return all(_is_const_arg(o, consts) for o in obj)
-    if isinstance(obj, dict):
-        return all(_is_const_arg(o, consts) for o in obj.values())
-    if isinstance(obj, slice):
-        return all(_is_const_arg(o, consts) for o in (obj.start, obj.stop, obj.step))
-    return True
+    """Whether every fx value obj holds (in tuples, lists, dicts, slices) is a constant."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(obj, found.append)
+    return all(n in consts for n in found)
 
 
 class Walk:
@@ -76,31 +71,13 @@ class Walk:
         self.origins: dict[str, tuple[fx.Node, tuple]] = {}
 
     def _map(self, obj: Any) -> Any:
-        if isinstance(obj, fx.Node):
-            return self.env[obj]
-        if isinstance(obj, tuple):
-            return tuple(self._map(o) for o in obj)
-        if isinstance(obj, list):
-            return [self._map(o) for o in obj]
-        if isinstance(obj, dict):
-            return {k: self._map(v) for k, v in obj.items()}
-        if isinstance(obj, slice):
-            return slice(self._map(obj.start), self._map(obj.stop), self._map(obj.step))
-        return obj
+        """obj with each fx value replaced by its Value (torch.fx's own walk)."""
+        return fx.node.map_arg(obj, self.env.__getitem__)
 
-    def _example(self, obj: Any, values: dict) -> Any:
-        if isinstance(obj, fx.Node):
-            return values[obj]
-        if isinstance(obj, tuple):
-            return tuple(self._example(o, values) for o in obj)
-        if isinstance(obj, list):
-            return [self._example(o, values) for o in obj]
-        if isinstance(obj, dict):
-            return {k: self._example(v, values) for k, v in obj.items()}
-        if isinstance(obj, slice):
-            return slice(self._example(obj.start, values), self._example(obj.stop, values),
-                         self._example(obj.step, values))
-        return obj
+    @staticmethod
+    def _example(obj: Any, values: dict) -> Any:
+        """obj with each fx value replaced by eager's example of it."""
+        return fx.node.map_arg(obj, values.__getitem__)
 
     def _const_value(self, value: Any, hint: str) -> Any:
         """A folded value: tensors become initialisers (Value), others stay Python."""
@@ -136,72 +113,86 @@ class Walk:
         return result if result is not None else example
 
     def run(self) -> Any:
-        graph = self.module.graph
+        """The node's onnx.GraphProto: its eager values recorded, its inputs declared,
+        each call written (or folded), its outputs named."""
         recorder = _Recorder(self.module)
         with torch.no_grad():
             recorder.run(*self.example_inputs)
         values = recorder.values
+        graph_inputs, kept_inputs = self._declare_inputs(values)
+        output_node = None
+        for n in self.module.graph.nodes:
+            if n.op == "output":
+                output_node = n
+                break
+            if n.op != "placeholder":
+                self._write_call(n, values)
+        assert output_node is not None
+        graph_outputs = self._name_outputs(output_node, kept_inputs)
         e = self.e
-        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        nodes, initializers = _live(e.nodes, e.initializers, self.output_names)
+        return e.helper.make_graph(nodes, "main_graph", graph_inputs, graph_outputs,
+                                   initializers)
+
+    def _declare_inputs(self, values: dict) -> tuple[list, list[str]]:
+        """(the graph's input ValueInfos, their names): an input no output reads is left
+        out, as torch's exporter does."""
+        placeholders = [n for n in self.module.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(self.input_names):
             raise WriterError(f"{len(placeholders)} placeholders for {len(self.input_names)} "
                               f"inputs")
-        graph_inputs = []
-        kept_inputs = []
+        graph_inputs, kept = [], []
         for n, name, example in zip(placeholders, self.input_names, self.example_inputs):
             if example.dtype not in _SUPPORTED_DTYPES:
                 raise NoRule(f"an input of dtype {example.dtype}")
             self.env[n] = Value(name, values[n])
-            if n.users:  # an input no output reads is left out, as torch's exporter does
-                graph_inputs.append(e.helper.make_tensor_value_info(
+            if n.users:
+                graph_inputs.append(self.e.helper.make_tensor_value_info(
                     name, onnx_type(example.dtype), list(example.shape)))
-                kept_inputs.append(name)
-        output_node = None
-        for n in graph.nodes:
-            if n.op == "placeholder":
-                continue
-            if n.op == "output":
-                output_node = n
-                break
-            if n.op == "get_attr":
+                kept.append(name)
+        return graph_inputs, kept
+
+    def _write_call(self, n: fx.Node, values: dict) -> None:
+        """One fx node: a constant (get_attr, or a call of constants folded to its eager
+        value), an element of a tuple, or a call handed to its rule in function form."""
+        if n.op == "get_attr":
+            self.consts.add(n)
+            self.env[n] = self._const_value(values[n], "const")
+            return
+        if n.op not in ("call_function", "call_method"):
+            raise NoRule(f"fx op {n.op}")
+        if n.op == "call_function" and n.target is operator.getitem \
+                and isinstance(values.get(n.args[0]), (tuple, list)) \
+                and isinstance(self.env[n.args[0]], (tuple, list)):
+            self.env[n] = self.env[n.args[0]][n.args[1]]
+            if n.args[0] in self.consts:
                 self.consts.add(n)
-                self.env[n] = self._const_value(values[n], "const")
-                continue
-            if n.op not in ("call_function", "call_method"):
-                raise NoRule(f"fx op {n.op}")
-            target = n.target
-            if n.op == "call_function" and target is operator.getitem \
-                    and isinstance(values.get(n.args[0]), (tuple, list)):
-                picked = self.env[n.args[0]]
-                if isinstance(picked, (tuple, list)):
-                    self.env[n] = picked[n.args[1]]
-                    if n.args[0] in self.consts:
-                        self.consts.add(n)
-                    continue
-            all_const = _is_const_arg(n.args, self.consts) and _is_const_arg(n.kwargs,
-                                                                              self.consts)
-            if all_const and not (n.op == "call_function" and is_random(target)):
-                self.consts.add(n)
-                self.env[n] = self._const_value(values[n], "folded")
-                continue
-            key = rule_key(n)
-            fn = RULES.get(key)
-            if fn is None:
-                raise NoRule(op_label(n))
-            args, kwargs = self._map(n.args), self._map(n.kwargs)
-            example_args = self._example(n.args, values)
-            example_kwargs = self._example(n.kwargs, values)
-            form = normalize(n, example_args, example_kwargs)
-            if form is False:
-                raise NoRule(op_label(n), f"called as {describe_form(example_args, example_kwargs)}"
-                                          f", a form none of the op's ATen overloads fits")
-            if form is not None:  # the function form of the overload the call binds to
-                args, kwargs = form.apply(args, kwargs)
-                example_args, example_kwargs = form.apply(example_args, example_kwargs)
-            call = Call(e, n, args, kwargs, example_args, example_kwargs, values[n])
-            result = fn(call)
-            self.env[n] = self._wrap(result, values[n], n)
-        assert output_node is not None
+            return
+        if _is_const_arg(n.args, self.consts) and _is_const_arg(n.kwargs, self.consts) \
+                and not (n.op == "call_function" and may_draw_random(n.target)):
+            self.consts.add(n)
+            self.env[n] = self._const_value(values[n], "folded")
+            return
+        fn = RULES.get(rule_key(n))
+        if fn is None:
+            raise NoRule(op_label(n))
+        args, kwargs = self._map(n.args), self._map(n.kwargs)
+        example_args = self._example(n.args, values)
+        example_kwargs = self._example(n.kwargs, values)
+        form = normalize(n, example_args, example_kwargs)
+        if form is False:
+            raise NoRule(op_label(n), f"called as {describe_form(example_args, example_kwargs)}"
+                                      f", a form none of the op's ATen overloads fits")
+        if form is not None:  # the function form of the overload the call binds to
+            args, kwargs = form.apply(args, kwargs)
+            example_args, example_kwargs = form.apply(example_args, example_kwargs)
+        call = Call(self.e, n, args, kwargs, example_args, example_kwargs, values[n])
+        self.env[n] = self._wrap(fn(call), values[n], n)
+
+    def _name_outputs(self, output_node: fx.Node, kept_inputs: list[str]) -> list:
+        """The graph's output ValueInfos: each result's value renamed to its port name
+        where it is a node's own output no other port claims, else an Identity."""
+        e = self.e
         results = output_node.args[0]
         results = list(results) if isinstance(results, (tuple, list)) else [results]
         if len(results) != len(self.output_names):
@@ -230,10 +221,7 @@ class Walk:
                 node.output[:] = [renames.get(o, o) for o in node.output]
             self.expected = {renames.get(k, k): v for k, v in self.expected.items()}
             self.origins = {renames.get(k, k): v for k, v in self.origins.items()}
-        nodes, initializers = _live(e.nodes, e.initializers, self.output_names)
-        graph = e.helper.make_graph(nodes, "main_graph", graph_inputs, graph_outputs,
-                                    initializers)
-        return graph
+        return graph_outputs
 
 
 def origin_value(values: dict, origin: tuple[fx.Node, tuple]) -> Any:

@@ -9,7 +9,7 @@ import math
 import torch
 
 from ..emit import Call, Value, rule
-from .common import dtype_of, finish, is_value, operand, opmath, unary
+from .common import finish, operand, opmath, unary
 
 
 def _binary(call: Call, op_type: str, a: object, b: object, **attrs: object) -> str:
@@ -592,5 +592,3 @@ def _log_add_exp(base2: bool):  # noqa: ANN202
 
 rule("logaddexp")(_log_add_exp(False))
 rule("logaddexp2")(_log_add_exp(True))
-
-_ = (dtype_of, is_value)

@@ -88,7 +88,7 @@ def einsum(call: Call) -> str:
     return finish(call, call.e.op("Einsum", names, equation=equation.replace(" ", "")), work)
 
 
-@rule("cross", "cross")
+@rule("cross")
 def cross(call: Call) -> str:
     """a × b along dim (size 3): slices and products."""
     e = call.e
@@ -113,7 +113,6 @@ def cross(call: Call) -> str:
     return finish(call, e.op("Concat", [term(1, 2), term(2, 0), term(0, 1)], axis=axis), work)
 
 
-rule("linalg_cross")(cross)
 
 
 @rule("layer_norm")
