@@ -304,3 +304,19 @@ def test_take_along_dim_broadcasts_as_eager(tmp_path, caplog, case):
     path, log = _export(tmp_path, fn, make(0), caplog)
     assert FELL_BACK not in log
     _replay(path, fn, make)
+
+
+@pytest.mark.parametrize("mask_shape", [(4, 6), (4, 1)])
+def test_masked_write_of_a_vector_is_written(tmp_path, caplog, mask_shape):
+    """dest[mask] = v (recorded as masked_scatter: True positions filled in row-major
+    order) is written by the writer, exact on masks with other counts."""
+    def make(trial: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(trial)
+        return [torch.randn(4, 6, generator=gen), torch.randn(*mask_shape, generator=gen),
+                torch.randn(24, generator=gen)]
+
+    def fn(x, m, v):
+        return x.masked_scatter(m > 0, v) * 2
+    path, log = _export(tmp_path, fn, make(0), caplog)
+    assert FELL_BACK not in log
+    _replay(path, fn, make)

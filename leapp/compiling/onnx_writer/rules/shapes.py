@@ -383,6 +383,28 @@ def masked_fill(call: Call) -> str:
     return choose(call, e.cast(mask.name, mask.dtype, torch.bool), filler, x.name, x.dtype)
 
 
+@rule("masked_scatter")
+def masked_scatter(call: Call) -> str:
+    """x with its True positions (the mask broadcast to x's shape) filled from source's
+    elements in row-major order, as eager: each True position's rank among them (a
+    running count) indexes the flattened source."""
+    e = call.e
+    x, mask, source = call.args[0], call.arg(1, "mask"), call.arg(2, "source")
+    if not isinstance(mask, Value) or not isinstance(source, Value) or x.rank == 0:
+        raise call.refuse("a constant mask or source, or a 0-d destination")
+    flags = e.cast(mask.name, mask.dtype, torch.bool)
+    if tuple(mask.shape) != tuple(x.shape):
+        flags = e.op("Expand", [flags, e.shape_of(x.name)])
+    flat = e.reshape(e.cast(flags, torch.bool, torch.int64), (-1,))
+    rank = e.op("Sub", [e.op("CumSum", [flat, e.scalar_int(0)]), e.const(1, torch.int64)])
+    rank = e.op("Max", [rank, e.const(0, torch.int64)])  # False positions read element 0
+    if source.example.numel() == 0:
+        return e.op("Identity", [x.name])
+    picked = e.op("Gather", [e.reshape(operand(call, source, x.dtype), (-1,)), rank], axis=0)
+    picked = e.op("Reshape", [picked, e.shape_of(x.name)])
+    return choose(call, flags, picked, x.name, x.dtype)
+
+
 @rule("masked_write")
 def masked_write(call: Call) -> str:
     dest, mask, value = call.args[:3]
