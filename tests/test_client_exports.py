@@ -668,3 +668,41 @@ def test_one_robot_export_batches_as_written(tmp_path, monkeypatch, caplog, back
     metadata = read_metadata(path)
     assert metadata["batched"] is True
     assert {s["robot_axis"] for s in metadata["state"]} == {1}  # [layers, robot, hidden]
+
+
+@pytest.mark.parametrize("backend", ["jit", "onnx"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_sb3_ppo_exported_plainly_is_quiet(tmp_path, caplog, backend, passes):
+    """SB3's PPO exported the plain way, with torch's default argument checks on: its
+    Normal distribution checks its parameters by reading traced values, which decides
+    nothing the policy computes; one INFO line, no WARNING or ERROR, and the bundle
+    replays predict."""
+    import logging
+
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    assert torch.distributions.Distribution._validate_args  # torch's default
+    policy = PPO("MlpPolicy", gym.make("Pendulum-v1"), device="cpu", seed=0).policy.eval()
+    gen = torch.Generator().manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="leapp"):
+        leapp.start("sb3", save_path=str(tmp_path))
+        for _ in range(passes):
+            obs = annotate.input_tensors("policy", {"obs": torch.randn(1, 3, generator=gen)})
+            actions, _, _ = policy(obs, deterministic=True)
+            annotate.output_tensors("policy", {"actions": actions}, export_with=backend)
+        leapp.stop()
+        assert leapp.compile_graph(visualize=False) == {"policy": True}
+    loud = [r.getMessage() for r in caplog.records
+            if r.levelname in ("WARNING", "ERROR", "CRITICAL") and r.name.startswith("leapp")]
+    assert loud == []
+    said = [r.getMessage() for r in caplog.records if "torch.distributions checks" in
+            r.getMessage()]
+    assert len(said) == 1 and "set_default_validate_args(False)" in said[0]
+    manager = leapp.InferenceManager(str(tmp_path / "sb3" / "sb3.yaml"))
+    for _ in range(5):
+        obs = torch.randn(1, 3, generator=gen)
+        with torch.no_grad():
+            want = policy(obs, deterministic=True)[0]
+        torch.testing.assert_close(manager.run_policy({"policy/obs": obs})["policy/actions"], want,
+                                   rtol=1e-5, atol=1e-6)

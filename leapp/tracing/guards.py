@@ -117,6 +117,7 @@ def _site() -> tuple[str, int] | None:
         frame: Any = sys._getframe(2)  # _site <- on_conversion <- the converting code
     except ValueError:
         return None
+    validation = False
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_TORCH_DIR):
@@ -124,15 +125,24 @@ def _site() -> tuple[str, int] | None:
         if frame.f_code.co_name in ("__format__", "__repr__", "__str__") \
                 or name.endswith("_tensor_str.py"):
             return None
+        validation = validation or (name == _DISTRIBUTION_FILE
+                                    and frame.f_code.co_name in _VALIDATING)
         frame = frame.f_back
     if frame is None:
         return None
     if frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
         return script_site() if frame.f_code.co_filename == _SCRIPT_FILE else None
+    if validation:
+        return (frame.f_code.co_filename, frame.f_lineno, _VALIDATION)
     return (frame.f_code.co_filename, frame.f_lineno)
 
 
 _SCRIPT_FILE = sys.modules[script_site.__module__].__file__
+#: torch.distributions' argument checks (Distribution(validate_args=...)): their bool()
+#: raises or passes and decides nothing the node computes
+_DISTRIBUTION_FILE = os.path.join(_TORCH_DIR, "distributions", "distribution.py")
+_VALIDATING = frozenset({"__init__", "_validate_sample"})
+_VALIDATION = "torch.distributions argument validation"
 
 
 def _where(site: tuple) -> str:
@@ -191,6 +201,9 @@ def on_conversion(node: _core.Node, func: Any, receiver: Any, value: Any) -> Non
     if site is None:
         return
     node_info = info(node)
+    if len(site) == 3 and site[2] == _VALIDATION:
+        _validation_read(node, node_info, site)
+        return
     if node_info.private:  # a private trace keeps no guards: it refuses (leapp.tracing.node_trace)
         raise DataDependent(f"a traced value is read into Python by {what} at {_where(site)} "
                             "(control flow or a value that depends on the data)")
@@ -206,6 +219,18 @@ def on_conversion(node: _core.Node, func: Any, receiver: Any, value: Any) -> Non
 
 _FIX = ("Express it with tensor ops (torch.where(cond, a, b), masks, torch.clamp, "
         "indexing with tensors) or make the value a declared input of the node.")
+
+
+def _validation_read(node: _core.Node, node_info: NodeInfo, site: tuple) -> None:
+    """torch.distributions checking its arguments: no guard (a failed check raises in
+    eager, and the export computes the same without it), one INFO line per node."""
+    if node_info.reentry_of is None and not node_info.validation_noted:
+        node_info.validation_noted = True
+        logger.info("node '%s': torch.distributions checks its arguments by reading traced "
+                    "values into Python (at %s:%d); the check decides nothing the node "
+                    "computes, so it is not a guard. "
+                    "torch.distributions.Distribution.set_default_validate_args(False) "
+                    "turns it off.", node.name, os.path.basename(site[0]), site[1])
 
 
 def _known(node_info: NodeInfo, site: tuple, what: str, value: Any) -> bool:

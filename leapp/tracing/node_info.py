@@ -38,6 +38,7 @@ class NodeInfo:
     data_shapes: dict = field(default_factory=dict)
     data_vids: dict = field(default_factory=dict)
     random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
+    validation_noted: bool = False                      # torch.distributions checks said
     # Declared states whose update_state comes after output_tensors (or in the
     # node's next call): pass 1's still unbound (the node is in its tail), and
     # all of them, for the later passes' samples.
