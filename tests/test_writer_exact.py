@@ -320,3 +320,24 @@ def test_masked_write_of_a_vector_is_written(tmp_path, caplog, mask_shape):
     path, log = _export(tmp_path, fn, make(0), caplog)
     assert FELL_BACK not in log
     _replay(path, fn, make)
+
+
+def test_torch_exporters_model_is_checked_and_named(tmp_path, caplog):
+    """A model of torch's exporter with no writer in it (onnx-torchscript here) is held
+    to eager on fresh inputs too: its LSTM layer turns a NaN input into numbers
+    (onnxruntime's kernel), which a warning names with the input, the output and the
+    backends that compute as eager."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 4, batch_first=True).eval()
+    leapp.start(name="g", save_path=str(tmp_path))
+    x = annotate.input_tensors("node", {"x": torch.randn(2, 4)})
+    annotate.output_tensors("node", {"y": lstm(x.unsqueeze(1))[0].squeeze(1)},
+                            export_with="onnx-torchscript")
+    leapp.stop()
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        assert leapp.compile_graph(visualize=False) == {"node": True}
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("[node] its ONNX model, written by torch's ONNX exporter, differs from eager "
+               "on an input with NaN (x): output 'y' is a number where eager gives NaN; "
+               "export_with='jit' or 'pt2' computes as eager does there" in m
+               for m in warned), warned
