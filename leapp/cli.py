@@ -144,6 +144,7 @@ def cmd_inspect(args: argparse.Namespace, out: Any) -> int:
     print(f"graph inputs: {', '.join(model.input_keys()) or '-'}", file=out)
     print(f"graph outputs: {', '.join(model.output_keys()) or '-'}", file=out)
     _print_catalogue(model, out)
+    _print_analytics(yaml_dir, graph, list(model.nodes), out)
     if failed:
         raise CheckFailed("checksums failed: " + "; ".join(failed))
     print("checksums: ok", file=out)
@@ -174,6 +175,35 @@ def _print_catalogue(model: Any, out: Any) -> None:
     print(f"feedback ports ({len(feedback)}):", file=out)
     for port in feedback.values():
         print(f"    in   {describe(port)}", file=out)
+
+
+def _print_analytics(yaml_dir: str, graph: str, nodes: list[str], out: Any) -> None:
+    """The compile's validation analytics (``<graph>_analytics.json``, leapp.bundle.analytics):
+    per node the checks that passed and the largest error, then each failed check."""
+    from .bundle import analytics
+    name = analytics.file_name(graph)
+    try:
+        entries = analytics.read(yaml_dir, graph)
+    except ValueError as exc:
+        print(f"validation analytics: unreadable: {exc}", file=out)
+        return
+    if entries is None:
+        print(f"validation analytics: none (no {name}: compiled with validate=False, or by "
+              f"another leapp)", file=out)
+        return
+    print(f"validation analytics ({name}, {len(entries)} check(s)):", file=out)
+    for node, rows in analytics.by_node(entries, nodes).items():
+        if not rows:
+            print(f"  {node}: no checks (no model)", file=out)
+            continue
+        passed = sum(1 for row in rows if row["passed"])
+        errors = [row["max_abs"] for row in rows if isinstance(row.get("max_abs"), float)]
+        largest = f", max abs error {max(errors):.3e}" if errors else ""
+        print(f"  {node}: {passed}/{len(rows)} passed{largest}", file=out)
+        for row in rows:
+            if not row["passed"]:
+                why = row.get("reason") or f"max abs error {row.get('max_abs')}"
+                print(f"    FAIL {row['output']} sample {row['sample']}: {why}", file=out)
 
 
 _MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")

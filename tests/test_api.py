@@ -414,6 +414,7 @@ def test_failed_compile_leaves_the_previous_bundle_intact(bundle, monkeypatch):
         leapp.compile_graph(visualize=False)
     assert calls == ["a", "b"]
     files = sorted(os.listdir(bundle.dir("g")))
-    assert files == [".leapp_cache.json", "a.pt", "b.pt", "g.yaml", "log.txt"]  # no temporary
+    assert files == [".leapp_cache.json", "a.pt", "b.pt", "g.yaml", "g_analytics.json",
+                     "log.txt"]  # no temporary
     for name, content in before.items():  # nothing half-written: the old bundle stands
         assert open(os.path.join(bundle.dir("g"), name), "rb").read() == content

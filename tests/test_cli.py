@@ -91,7 +91,36 @@ def test_inspect(bundle):
     assert "  enc/z -> act/z" in out and "  act/h -> enc/h" in out
     assert "graph inputs: enc/obs" in out and "graph outputs: act/y" in out
     assert "initial values: pipe_initial_values.safetensors" in out
+    # the analytics file: enc/z over 2 samples; act/h and act/y over 2, and the closed
+    # loop's graph output act/y
+    assert ("validation analytics (pipe_analytics.json, 7 check(s)):\n"
+            "  enc: 2/2 passed, max abs error 0.000e+00\n"
+            "  act: 5/5 passed, max abs error 0.000e+00\n") in out
     assert out.rstrip().endswith("checksums: ok")
+
+
+def test_inspect_reads_analytics_from_their_file_not_the_log(bundle):
+    directory = os.path.dirname(bundle)
+    log = open(os.path.join(directory, "log.txt"), encoding="utf-8").read()
+    assert "validation analytics" not in log and '"passed"' not in log  # no JSON in the log
+    os.remove(os.path.join(directory, "log.txt"))
+    path = os.path.join(directory, "pipe_analytics.json")
+    text = open(path, encoding="utf-8").read()
+    with open(path, "w", encoding="utf-8") as handle:  # one check made a failure
+        handle.write(text.replace('"passed": true', '"passed": false, "reason": "planted"', 1))
+    proc = cli_main("inspect", bundle)
+    assert proc.returncode == 0, proc.stderr
+    assert "  enc: 1/2 passed, max abs error 0.000e+00\n    FAIL z sample 0: planted\n" \
+        in proc.stdout
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("[1, 2]")
+    proc = cli_main("inspect", bundle)
+    assert "validation analytics: unreadable: " in proc.stdout
+    assert "is not a leapp analytics file (version 1)" in proc.stdout
+    os.remove(path)
+    proc = cli_main("inspect", bundle)
+    assert ("validation analytics: none (no pipe_analytics.json: compiled with "
+            "validate=False, or by another leapp)") in proc.stdout
 
 
 def test_inspect_reports_a_checksum_mismatch(bundle):

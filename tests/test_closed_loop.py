@@ -5,6 +5,7 @@ validated) and checks that the replay names the step, the node and the port;
 the node checks alone pass on every one of these bundles."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -151,4 +152,9 @@ def test_closed_loop_failure_marks_the_node(tmp_path, monkeypatch):
     result = leapp.compile_graph(visualize=False, strict=False)
     assert result == {"actor": False}
     assert result.closed_loop["difference"].startswith("closed loop, step 0: actor/c")
+    with open(os.path.join(str(tmp_path), "loop", "loop_analytics.json"), encoding="utf-8") as f:
+        entries = json.load(f)["entries"]
+    closed = [e for e in entries if e["output"].endswith(" [closed loop]")]
+    assert [(e["node"], e["output"], e["sample"], e["passed"]) for e in closed] == [
+        ("actor", "c [closed loop]", 0, False)]
     assert "feedback value into actor/h" in result._repr_html_()

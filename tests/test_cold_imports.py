@@ -60,13 +60,14 @@ def test_a_torch_export_node_imports_torch_exports_tracer_only(tmp_path):
     assert [m for m in imported if m in ("onnxscript", "onnx", "onnxruntime")] == []
 
 
-def test_validation_imports_the_views_analytics_without_the_drawing():
-    """compile_graph(visualize=False) validates without importing the PNG's drawing or PIL."""
+def test_validation_imports_no_drawing():
+    """compile_graph(visualize=False) validates without importing the drawing stage or PIL:
+    its analytics are data of the bundle stage (leapp.bundle.analytics)."""
     code = ("import json, sys, leapp.compiling.validation; print(json.dumps(sorted(m for m in "
-            "('PIL', 'leapp.visualization', 'leapp.view.svg', 'leapp.view.analytics') "
-            "if m in sys.modules)))")
+            "sys.modules if m == 'PIL' or m.startswith(('leapp.visualization', 'leapp.view', "
+            "'leapp.drawing')) or m == 'leapp.bundle.analytics')))")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["leapp.view.analytics"]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["leapp.bundle.analytics"]

@@ -32,7 +32,8 @@ def test_getting_started_bundle(tmp_path):
     torch.manual_seed(7)
     bundle = example.main(str(tmp_path))
     assert sorted(os.listdir(bundle)) == [".leapp_cache.json", "log.txt", "my_pipeline.html",
-                                          "my_pipeline.png", "my_pipeline.yaml", "predict.onnx",
+                                          "my_pipeline.png", "my_pipeline.yaml",
+                                          "my_pipeline_analytics.json", "predict.onnx",
                                           "preprocess.pt"]
     spec = _yaml(bundle, "my_pipeline")
     assert list(spec) == ["models", "pipeline", "system information"]

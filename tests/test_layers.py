@@ -1,16 +1,17 @@
 """leapp's stages import downward only, and no module reaches into another's privates.
 
-The package is layered as the data flows (docs/architecture.md, "Stages"):
+The package is layered as the data flows (docs/architecture.md, "Stages and doors"):
 
     bundle < tracing < visualization < view < models < compiling < running < serving
 
-A module may import its own stage and the stages below it, plus the three
-root modules everything stands on (``leapp._core``, ``leapp._version``,
-``leapp.semantics``).  The rest of the package root is the public face
-(``leapp``, ``leapp.annotate``, ``leapp.cli``, the thin public paths such as
-``leapp.fusion``, upstream's ``leapp.leapp`` / ``leapp.export_manager`` /
-``leapp.utils``): it may import any stage, and a stage that has to reach a
-later one goes through it (``compile_graph(fuse=True)`` calls ``leapp.fusion``).
+A module may import its own stage and the stages below it, plus the root modules
+everything stands on (``leapp._core``, ``leapp._version``).  The rest of the package root
+is the public face (``leapp``, ``leapp.annotate``, ``leapp.semantics``, ``leapp.cli``, the
+thin public paths such as ``leapp.fusion``, upstream's ``leapp.leapp`` /
+``leapp.export_manager`` / ``leapp.utils``): it may import any stage, and no stage imports
+it.  A stage that has to reach a later one goes through that stage's one door
+(:data:`DOORS`): compiling replays the staged bundle through running's closed loop and
+fuses it through serving's fusion.
 
 The imports are read with the import-cycle test's reader (lazy imports and
 ``importlib`` loads included), so nothing is imported here.
@@ -21,6 +22,7 @@ import ast
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -30,14 +32,16 @@ from test_import_cycles import PACKAGE, import_graph, module_names
 
 STAGES = ("bundle", "tracing", "visualization", "view", "models", "compiling", "running",
           "serving")
-BASE = {"leapp._core", "leapp._version", "leapp.semantics"}
-FACE = -1  # rank of the public face: above every stage, reached from below only by name
+BASE = {"leapp._core", "leapp._version"}
+FACE = -1  # rank of the public face: above every stage, never imported by one
+
+#: The one module of a stage that the stages below it may import (what compile_graph needs
+#: of running and serving); a stage without an entry has no door.
+DOORS = {"running": "leapp.running.closed_loop", "serving": "leapp.serving.fusion"}
 
 
-def rank(module: str) -> int | None:
+def rank(module: str) -> int:
     """A stage module's rank, 0 for the core and version, FACE for the public face."""
-    if module == "leapp.semantics":
-        return 1  # the bundle's vocabulary (TensorSemantics, the kinds): the bundle's rank
     if module in BASE:
         return 0
     parts = module.split(".")
@@ -46,7 +50,14 @@ def rank(module: str) -> int | None:
     return FACE
 
 
+def is_door(target: str) -> bool:
+    parts = target.split(".")
+    return len(parts) > 1 and DOORS.get(parts[1]) == target
+
+
 def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a stage module that runs up: into the public face, or into a later
+    stage anywhere but its door."""
     found = []
     for module, targets in sorted(graph.items()):
         here = rank(module)
@@ -54,7 +65,7 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
             continue
         for target in sorted(targets):
             there = rank(target)
-            if there != FACE and there > here:
+            if there == FACE or (there > here and not is_door(target)):
                 found.append(f"{module} -> {target}")
     return found
 
@@ -66,6 +77,8 @@ def test_stages_are_packages():
     assert len(names) <= 15, sorted(names)
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
+    for door in DOORS.values():
+        assert door in module_names(PACKAGE), door
 
 
 def test_no_import_runs_back_up_a_stage():
@@ -74,13 +87,21 @@ def test_no_import_runs_back_up_a_stage():
     assert upward(graph) == []
 
 
-def test_a_stage_reaches_a_later_one_only_through_the_public_face():
+def test_no_stage_imports_the_public_face():
     graph = import_graph(PACKAGE)
-    faces = {t for m, targets in graph.items() if rank(m) != FACE
-             for t in targets if rank(t) == FACE}
-    # the public face a stage may call into: thin public paths, never the CLI or upstream's
-    assert faces <= {"leapp.fusion", "leapp.triton", "leapp.fleet", "leapp.pipeline",
-                     "leapp.inference_manager", "leapp.triton_server"}, sorted(faces)
+    faces = sorted(f"{m} -> {t}" for m, targets in graph.items() if rank(m) != FACE
+                   for t in targets if rank(t) == FACE)
+    assert faces == []
+
+
+def test_the_doors_are_the_ways_up_that_compiling_takes():
+    """Each door is used (a door nobody needs is no door), and from below only."""
+    graph = import_graph(PACKAGE)
+    used = {t: sorted(m for m, targets in graph.items()
+                      if t in targets and rank(m) != FACE and rank(m) < rank(t))
+            for t in DOORS.values()}
+    assert used == {"leapp.running.closed_loop": ["leapp.compiling.lifecycle"],
+                    "leapp.serving.fusion": ["leapp.compiling.lifecycle"]}
 
 
 #: The one module through which serving reaches each lower part it builds on: the ONNX
@@ -101,16 +122,53 @@ def test_serving_reaches_the_writer_and_the_loaders_each_through_one_door():
     assert reached == SERVING_DOORS
 
 
-def test_an_upward_import_is_reported(tmp_path):
+def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     package = tmp_path / "leapp"
-    for stage in ("bundle", "serving"):
+    for stage in ("bundle", "running", "serving"):
         (package / stage).mkdir(parents=True)
         (package / stage / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
-    (package / "serving" / "b.py").write_text("from ..bundle import a\n")
-    (package / "bundle" / "a.py").write_text(
-        "import importlib\ndef f():\n    return importlib.import_module('leapp.serving.b')\n")
+    for name, text in files.items():
+        (package / name).write_text(text)
+    return package
+
+
+def test_an_upward_import_is_reported(tmp_path):
+    package = _package(tmp_path, {
+        "serving/b.py": "from ..bundle import a\n",
+        "bundle/a.py": "import importlib\ndef f():\n"
+                       "    return importlib.import_module('leapp.serving.b')\n"})
     assert upward(import_graph(package)) == ["leapp.bundle.a -> leapp.serving.b"]
+
+
+def test_a_door_is_the_only_way_up_and_the_face_none(tmp_path):
+    package = _package(tmp_path, {
+        "running/closed_loop.py": "", "running/other.py": "", "fusion.py": "",
+        "bundle/a.py": "from ..running import closed_loop\n",      # the door: allowed
+        "bundle/b.py": "def f():\n    from ..running import other\n",  # beside it: refused
+        "bundle/c.py": "from .. import fusion\n"})                  # the face: refused
+    assert upward(import_graph(package)) == ["leapp.bundle.b -> leapp.running.other",
+                                             "leapp.bundle.c -> leapp.fusion"]
+
+
+@pytest.mark.parametrize("module, planted, expected", [
+    ("compiling/validation.py", "from ..serving import fleet\n",
+     "leapp.compiling.validation -> leapp.serving.fleet"),
+    ("bundle/digest.py", "def _late():\n    from ..running import inference_manager\n",
+     "leapp.bundle.digest -> leapp.running.inference_manager"),
+    ("tracing/payload.py", "from .. import semantics\n", "leapp.tracing.payload -> leapp.semantics"),
+    ("compiling/publish.py", "import leapp.inference_manager\n",
+     "leapp.compiling.publish -> leapp.inference_manager"),
+])
+def test_an_upward_import_planted_in_a_copy_of_leapp_is_reported(tmp_path, module, planted,
+                                                                 expected):
+    """The real package copied, one upward import planted: the check names exactly it."""
+    copy = tmp_path / "leapp"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    assert upward(import_graph(copy)) == []
+    with open(copy / module, "a", encoding="utf-8") as handle:
+        handle.write(planted)
+    assert upward(import_graph(copy)) == [expected]
 
 
 # ---- the runtime in a process of its own ------------------------------------------------

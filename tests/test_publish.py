@@ -30,7 +30,8 @@ from support import ROOT
 TESTS = os.path.dirname(os.path.abspath(__file__))
 GRAPH = "g"
 # MANIFEST: the content keys that let the next compile reuse unchanged nodes' files.
-V1_FILES = {"g.yaml", "a.pt", "b.pt", "g_initial_values.safetensors", "log.txt", MANIFEST}
+V1_FILES = {"g.yaml", "a.pt", "b.pt", "g_initial_values.safetensors", "g_analytics.json",
+            "log.txt", MANIFEST}
 
 
 def build(root: str, scale: float, backend: str = "jit", name: str = GRAPH) -> None:

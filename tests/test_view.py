@@ -244,7 +244,16 @@ def test_view_without_a_log_and_cli_errors(tmp_path, capsys):
     assert cli_main(["view", yaml_path]) == 0
     assert "plain.html" in capsys.readouterr().out
     data = _data(open(os.path.join(bundle, "plain.html"), encoding="utf-8").read())
-    assert data["has_log"] is False and data["nodes"]["policy"]["validation"] == []
+    # the analytics are data of their own (plain_analytics.json), no log line needed
+    assert data["has_log"] is False and data["has_analytics"] is True
+    assert [(r["output"], r["sample"], r["passed"], r.get("max_abs"))
+            for r in data["nodes"]["policy"]["validation"]] == [
+        ("action", 0, True, 0.0), ("action [closed loop]", 0, True, None)]
+    os.remove(os.path.join(bundle, "plain_analytics.json"))
+    assert cli_main(["view", yaml_path]) == 0
+    capsys.readouterr()
+    data = _data(open(os.path.join(bundle, "plain.html"), encoding="utf-8").read())
+    assert data["has_analytics"] is False and data["nodes"]["policy"]["validation"] == []
     assert "torch.export" in data["nodes"]["policy"]["ops"]["format"]
     assert cli_main(["view", yaml_path, "-o", os.path.join(bundle, "x.png")]) == 2
     assert "give a path ending in .html" in capsys.readouterr().err

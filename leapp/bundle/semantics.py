@@ -14,9 +14,9 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 import torch
 
-from .bundle.kinds import TEMPORAL_AXIS, InputKindEnum, OutputKindEnum  # noqa: F401  (public here)
-from .bundle.log import fatal, logger
-from .bundle.pipeline import flow
+from .kinds import TEMPORAL_AXIS, InputKindEnum, OutputKindEnum  # noqa: F401  (public here)
+from .log import fatal, logger
+from .pipeline import flow
 
 #: The types a TensorSemantics ``ref`` may have (traced subclasses included).
 REF_TYPES: tuple[type, ...] = (torch.Tensor, np.ndarray)

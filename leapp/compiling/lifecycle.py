@@ -23,8 +23,9 @@ from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
 from .._version import __implementation__, __version__  # noqa: F401
 from ..bundle.pipeline import Pipeline
-from ..semantics import GraphConfigs
+from ..bundle.semantics import GraphConfigs
 from .validation import SavedModel, run_validation
+from ..bundle.analytics import Analytics
 
 __config_version__ = "1.3"
 
@@ -400,6 +401,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
     results: dict = {}
     failure = None
     closed = None
+    analytics = None
     progress = CompileProgress(
         graph, [] if skip_export else [n.name for n in nodes if n.name not in cfg.non_traced],
         validate=validate, quiet=verbose is False,
@@ -415,13 +417,15 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                 _checkpoint("written")
                 entries = _saved_entries(nodes, exported, models, renames, staging)
                 if validate and not skip_export:
+                    analytics = Analytics()
                     results, failure, closed = _validate_staged(
-                        nodes, entries, exported, staging, graph, rtol, atol, progress)
+                        nodes, entries, exported, staging, graph, rtol, atol, progress,
+                        analytics)
                     if strict and failure is not None:
                         logger.log(_logging.FATAL, failure)
             _checkpoint("validated")
             _finish_staged(cfg, nodes, exported, models, pipeline, staging, bundle,
-                           fuse and not skip_export, visualize, not skip_export)
+                           fuse and not skip_export, visualize, not skip_export, analytics)
             _publish.commit(staging, bundle, graph)
         except Exception as exc:
             if _publish.disk_full(exc):
@@ -450,13 +454,14 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
 
 
 def _closed_loop(staging: str, graph: str, entries: list, nodes: list, random_ops: dict,
-                 rtol: float, atol: float, exported: dict) -> Any:
-    """The staged bundle replayed over the traced steps (leapp.compiling.closed_loop)."""
-    from .closed_loop import run_closed_loop
+                 rtol: float, atol: float, exported: dict, analytics: Analytics) -> Any:
+    """The staged bundle replayed over the traced steps.  Running is a later stage: the
+    closed loop (leapp.running.closed_loop) is its one door for compiling."""
+    from ..running.closed_loop import run_closed_loop
     return run_closed_loop(os.path.join(staging, f"{graph}.yaml"), entries,
                            {n.name: info(n).passes for n in nodes if n.name in exported},
                            random_ops, rtol, atol,
-                           any(e.external for e in exported.values()))
+                           any(e.external for e in exported.values()), analytics)
 
 
 def _compilable(graph_configs: GraphConfigs | None,
@@ -493,9 +498,10 @@ def _saved_entries(nodes: list, exported: dict, models: dict, renames: Any,
 
 def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, graph: str,
                      rtol: float, atol: float,
-                     progress: CompileProgress) -> tuple[dict, Any, Any]:
+                     progress: CompileProgress, analytics: Analytics) -> tuple[dict, Any, Any]:
     """Every staged model run on its node's traced examples, then (when all pass) the
-    whole bundle closed-loop: (results, failure or None, the closed-loop report or None)."""
+    whole bundle closed-loop, each recorded in analytics: (results, failure or None, the
+    closed-loop report or None)."""
     random_ops = {n.name: info(n).random_ops for n in nodes
                   if n.name in exported and info(n).random_ops}
     closed = None
@@ -503,10 +509,11 @@ def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, g
             r.path for r in exported.values() if r.external and r.path])):
         writers = {name: e.writer for name, e in exported.items() if e.writer is not None}
         results, failure = run_validation(entries, rtol, atol, observer=progress,
-                                          random_ops=random_ops, writers=writers)
+                                          random_ops=random_ops, writers=writers,
+                                          analytics=analytics)
         if failure is None:
             closed = _closed_loop(staging, graph, entries, nodes, random_ops, rtol, atol,
-                                  exported)
+                                  exported, analytics)
             if not closed.passed:
                 results[closed.node] = False
                 failure = f"Closed-loop validation failed: {closed.difference}"
@@ -515,11 +522,14 @@ def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, g
 
 def _finish_staged(cfg: SessionConfig, nodes: list, exported: dict, models: dict,
                    pipeline: Any, staging: str, bundle: str, fuse: bool,
-                   visualize: bool, record_artifacts: bool) -> None:
-    """What the staged bundle gets after validation: the fused model, the artifacts' log
-    lines (none in a dry run, as upstream), log.txt and the view; then it is ready to
-    commit."""
+                   visualize: bool, record_artifacts: bool,
+                   analytics: Analytics | None) -> None:
+    """What the staged bundle gets after validation: its analytics file (when it was
+    validated), the fused model, the artifacts' log lines (none in a dry run, as
+    upstream), log.txt and the view; then it is ready to commit."""
     graph = cfg.graph_name
+    if analytics is not None:  # <graph>_analytics.json: what the view and inspect read
+        _publish.finish_modes(staging, bundle, [analytics.write(staging, graph)])
     if fuse:
         _fuse_staged(staging, bundle, graph, any(e.external for e in exported.values()))
     if record_artifacts:
@@ -582,8 +592,8 @@ def _log_artifacts(cfg: SessionConfig, bundle: str, nodes: list, exported: dict,
 
 def _fuse_staged(staging: str, bundle: str, graph: str, allow_external_paths: bool) -> None:
     """compile_graph(fuse=True): fuse the bundle being staged, before its commit.  Serving
-    is a later stage: it is reached through its public path, leapp.fusion."""
-    from ..fusion import fuse
+    is a later stage: fusion (leapp.serving.fusion) is its one door for compiling."""
+    from ..serving.fusion import fuse
     _logging.section("Fusing the pipeline into one ONNX model")
     fuse(os.path.join(staging, f"{graph}.yaml"), format="onnx",
          allow_external_paths=allow_external_paths, _shown_dir=bundle)

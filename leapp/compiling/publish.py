@@ -18,7 +18,8 @@ compile of the same graph removes leftovers of processes that no longer run
 Entries of the old bundle that no compile wrote (a user's notes, a nested
 bundle, a model file a node references in place) are carried into the new
 one as hard links (copies where links are refused); the old bundle's own files
-(its YAML, PNG, initial values, log.txt and the models its YAML names) are
+(its YAML, PNG, view, analytics, initial values, log.txt and the models its YAML
+names) are
 not, so the bundle holds exactly the files of its latest compile.  Neither is
 the old manifest of content keys (leapp/compiling/incremental.py): a compile writes its
 own, and files it reuses from the old bundle it links in itself.
@@ -39,6 +40,7 @@ from typing import Any, Iterable
 
 
 from .incremental import MANIFEST
+from ..bundle.analytics import file_name as analytics_file
 from ..bundle.log import logger
 from ..bundle.modes import directory_mode, file_mode
 from ..bundle.safe_load import load_yaml
@@ -59,7 +61,7 @@ class BundleWriteError(OSError):
 
 def bundle_owned(graph: str) -> set[str]:
     """Names a compile of graph writes into its bundle, whatever its nodes."""
-    return {f"{graph}.yaml", f"{graph}.png", f"{graph}.html",
+    return {f"{graph}.yaml", f"{graph}.png", f"{graph}.html", analytics_file(graph),
             f"{graph}_initial_values.safetensors", "log.txt", MANIFEST}
 
 

@@ -21,7 +21,7 @@ import torch
 from ..bundle.log import fatal, log_path, logger, section
 from ..models.load import load_node
 from ..bundle.pipeline import Node
-from ..view.analytics import record
+from ..bundle.analytics import Analytics
 
 REENTRY_HINT = (
     "Sample 0 (initial trace) passed validation, but one or more re-entry samples failed. "
@@ -193,8 +193,9 @@ def _mismatch_report(node: str, out: str, index: int, exported: torch.Tensor,
 
 
 def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tensor,
-             rtol: float, atol: float) -> bool:
-    """One output of one example; True when it matches."""
+             rtol: float, atol: float, analytics: Analytics) -> bool:
+    """One output of one example, recorded in analytics; True when it matches."""
+    record = analytics.record
     if not isinstance(exported, torch.Tensor):
         exported = torch.as_tensor(exported)
     exported = exported.to(source.device)
@@ -226,8 +227,9 @@ def _compare(node: str, out: str, index: int, exported: Any, source: torch.Tenso
 
 
 def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequence[Any],
-                   rtol: float, atol: float, note: str | None = None) -> tuple[bool, str | None]:
-    """(passed, hint) for one node over all of its examples."""
+                   rtol: float, atol: float, analytics: Analytics,
+                   note: str | None = None) -> tuple[bool, str | None]:
+    """(passed, hint) for one node over all of its examples, each recorded in analytics."""
     examples = _examples(inputs, outputs)
     device = None
     if isinstance(model, SavedModel):
@@ -244,14 +246,15 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
         if len(got) != len(example.outputs):
             logger.error("%s sample %d: Output count mismatch - got %d, expected %d", name,
                          example.index, len(got), len(example.outputs))
-            record(name, "(all)", example.index, False, rtol, atol,
-                   reason=f"{len(got)} outputs, expected {len(example.outputs)}")
+            analytics.record(name, "(all)", example.index, False, rtol, atol,
+                             reason=f"{len(got)} outputs, expected {len(example.outputs)}")
             passed.append(False)
             continue
         ok = True
         for idx, (exported, source) in enumerate(zip(got, example.outputs)):
             out = outputs[idx].name if idx < len(outputs) else f"output_{idx}"
-            ok = _compare(name, out, example.index, exported, source, rtol, atol) and ok
+            ok = _compare(name, out, example.index, exported, source, rtol, atol,
+                           analytics) and ok
         passed.append(ok)
     hint = None
     if note is not None and not all(passed):
@@ -304,15 +307,19 @@ def writer_hint(node: str, writer: str) -> str:
 def run_validation(entries: list, rtol: float, atol: float,
                    observer: Any = None,
                    random_ops: dict | None = None,
-                   writers: dict | None = None) -> tuple[dict, str | None]:
+                   writers: dict | None = None,
+                   analytics: Analytics | None = None) -> tuple[dict, str | None]:
     """({node: result}, the strict-mode failure message or None); raises nothing.
 
     observer (compile_graph's progress) is told of each node: validating(name)
     before, validated(name, result) after.  random_ops maps a node to the
     random ops it ran ((label, file, line) each): a mismatch there is
     reported as following from them.  writers maps an ONNX node to who wrote
-    its model: a failure names it and the switch to another.
+    its model: a failure names it and the switch to another.  analytics gets an
+    entry per output and example (``<graph>_analytics.json``).
     """
+    if analytics is None:
+        analytics = Analytics()
     results: dict[str, Any] = {}
     hints: dict[str, str] = {}
     section(f"Validating {len(entries)} models")
@@ -331,7 +338,7 @@ def run_validation(entries: list, rtol: float, atol: float,
                 found = (random_ops or {}).get(name)
                 note = random_note(name, found) if found else None
                 results[name], hint = _validate_node(name, model, inputs, outputs, rtol, atol,
-                                                     note)
+                                                     analytics, note)
                 writer = (writers or {}).get(name)
                 if results[name] is False and writer is not None and note is None:
                     said = writer_hint(name, writer)

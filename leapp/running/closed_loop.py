@@ -20,11 +20,9 @@ from typing import Any, Sequence
 
 import torch
 
+from ..bundle.analytics import CLOSED_LOOP, Analytics
 from ..bundle.log import logger, section
-from ..view.analytics import record
-
-#: The suffix of a closed-loop entry's output name in log.txt's analytics.
-CLOSED_LOOP = " [closed loop]"
+from .inference_manager import InferenceManager
 
 
 @dataclass
@@ -76,8 +74,9 @@ class _Replay:
     """One replay: the manager over the staged bundle and the trace's ports."""
 
     def __init__(self, manager: Any, entries: Sequence[tuple], rtol: float,
-                 atol: float) -> None:
+                 atol: float, analytics: Analytics) -> None:
         self.manager = manager
+        self.analytics = analytics
         self.rtol, self.atol = rtol, atol
         self.inputs: dict[tuple[str, str], Any] = {}   # bundle (node, input) -> traced Port
         self.outputs: dict[tuple[str, str], Any] = {}  # bundle (node, output) -> traced Port
@@ -107,8 +106,8 @@ class _Replay:
             f"closed loop, step {step}: {node}/{port} ({what}): the bundle gives "
             f"{_shown(got)} where the trace has {_shown(want)}{gap}")
         self.report.node = node
-        record(node, port + CLOSED_LOOP, step, False, self.rtol, self.atol, got, want,
-               reason=what)
+        self.analytics.record(node, port + CLOSED_LOOP, step, False, self.rtol, self.atol,
+                              got, want, reason=what)
 
     def check_wiring(self) -> bool:
         """A graph input of the bundle that the trace fed from a node: a dropped edge."""
@@ -180,14 +179,18 @@ def _why_not(entries: Sequence[tuple], passes: dict, random_ops: dict) -> str | 
 
 def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
                     random_ops: dict, rtol: float, atol: float,
-                    allow_external_paths: bool = False) -> ClosedLoop:
+                    allow_external_paths: bool = False,
+                    analytics: Analytics | None = None) -> ClosedLoop:
     """Replay the staged bundle at yaml_path over the traced steps.
 
     entries are the node checks' (node, SavedModel, input ports in model order,
     output ports); passes maps each node to its traced passes; random_ops the
-    nodes with random ops.  Raises nothing the node checks did not already.
+    nodes with random ops; analytics gets the replay's entries (a failing step, or each
+    graph output's last step when every step passed).  Raises nothing the node checks
+    did not already.
     """
-    from ..inference_manager import InferenceManager  # a later stage: its public path
+    if analytics is None:
+        analytics = Analytics()
     section("Closed-loop validation")
     why = _why_not(entries, passes, random_ops)
     if why is not None:
@@ -203,7 +206,7 @@ def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
             f"the bundle does not load in InferenceManager: {type(exc).__name__}: {exc}"))
         logger.error("  [FAIL] %s", report.difference)
         return report
-    replay = _Replay(manager, entries, rtol, atol)
+    replay = _Replay(manager, entries, rtol, atol, analytics)
     report = replay.report
     if replay.check_wiring():
         for step in range(steps):
@@ -221,7 +224,7 @@ def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
                      report.difference)
     else:
         for node, name in manager.graph.outputs:
-            record(node, name + CLOSED_LOOP, steps - 1, True, rtol, atol)
+            analytics.record(node, name + CLOSED_LOOP, steps - 1, True, rtol, atol)
         logger.info("  [PASS] the bundle reproduced the trace for %d step%s closed-loop", steps,
                     "s" if steps > 1 else "")
     return report

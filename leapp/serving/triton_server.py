@@ -165,9 +165,10 @@ class TritonServer:
             p for p in (libdir, self._libs, env.get("LD_LIBRARY_PATH", "")) if p)
         env["PATH"] = os.pathsep.join(
             (os.path.dirname(os.path.abspath(sys.executable)), env.get("PATH", "")))
-        # the stub imports the same leapp as this process, wherever that one lives
-        import leapp
-        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(leapp.__file__)))
+        # the stub imports the same leapp as this process, wherever that one lives: the
+        # directory above the package this module is part of (leapp/serving/ -> leapp/ -> it)
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
         return env

@@ -6,7 +6,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..semantics import TensorSemantics, yaml_fields
+from ..bundle.semantics import TensorSemantics, yaml_fields
 
 
 class Leaf:

@@ -4,8 +4,10 @@
 inline (the compile result, `InferenceManager`).  It holds the pipeline drawn as SVG with
 the PNG's layout (leapp.view.svg), the port catalogue (the graph inputs and outputs by
 kind with their element names and periods, the feedback ports; leapp.bundle.ports) and,
-per node, its ports and where each input comes from, its model file and checksums, the validation analytics and warnings of the compile
-(leapp.view.analytics, read from log.txt) and the op graph of its exported model
+per node, its ports and where each input comes from, its model file and checksums, the
+validation analytics of the compile (``<graph>_analytics.json``, leapp.bundle.analytics), the
+warnings it logged (leapp.view.log_warnings, read from log.txt) and the op graph of its
+exported model
 (leapp.view.opgraph).  Scripts and styles are inline (leapp.view.page): it needs no
 network.
 """
@@ -16,10 +18,11 @@ import json
 import os
 from typing import Any, Callable
 
+from ..bundle import analytics
 from ..bundle.log import logger
 from ..bundle.pipeline import Pipeline, thawed
 from ..bundle.ports import INPUT, OUTPUT, InferencePort, describe, port_record
-from .analytics import read_log
+from .log_warnings import read_warnings
 from .opgraph import op_graph
 from .page import render_page
 
@@ -76,7 +79,7 @@ def _jsonable(value: Any) -> Any:
 def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None = None,
               with_ops: bool = True) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data (log_text: the bundle's log.txt,
-    read from bundle_dir when None)."""
+    read from bundle_dir when None; the analytics: the bundle's analytics file)."""
     if log_text is None:
         try:
             with open(os.path.join(bundle_dir, "log.txt"), encoding="utf-8",
@@ -84,7 +87,13 @@ def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None
                 log_text = handle.read()
         except OSError:
             log_text = ""
-    logged = read_log(log_text, list(model.nodes))
+    warnings, general = read_warnings(log_text, list(model.nodes))
+    try:
+        entries = analytics.read(bundle_dir, graph)
+    except ValueError as exc:  # a damaged file: the page says so, the rest still shows
+        entries = None
+        general = [f"[ERROR] {exc}"] + general
+    validation = analytics.by_node(entries or [], list(model.nodes))
     sources = _sources(model)
     outputs = {f"{n}/{p}" for n, p in model.outputs}
     nodes = {}
@@ -101,20 +110,20 @@ def view_data(model: Pipeline, graph: str, bundle_dir: str, log_text: str | None
             "outputs": [dict(_port(p, OUTPUT, None), graph_output=p.key in outputs)
                         for p in node.outputs],
             "parameters": _jsonable(params),
-            "validation": logged["validation"].get(name, []),
-            "warnings": logged["warnings"].get(name, []),
+            "validation": validation.get(name, []),
+            "warnings": warnings.get(name, []),
             "ops": ops,
         }
-    return {"graph": graph, "nodes": nodes, "general_warnings": logged["general"],
+    return {"graph": graph, "nodes": nodes, "general_warnings": general,
             "catalogue": _catalogue(model),
             "system": _jsonable(dict(model.system_information)),
-            "has_log": bool(log_text)}
+            "has_log": bool(log_text), "has_analytics": entries is not None}
 
 
 def render_html(model: Pipeline, graph: str, bundle_dir: str,
                 log_text: str | None = None) -> str:
     """The whole page of `model` (a bundle in bundle_dir)."""
-    # the drawing (and PIL) only for a page: validation imports this package for analytics
+    # the drawing (and PIL) only for a page, not for view_data
     from .svg import svg_scene
 
     svg, _ = svg_scene(model, graph)

@@ -53,7 +53,7 @@ h+='</table>';if(c.feedback.length){h+='<table id="feedback-ports"><tr><th>feedb
 c.feedback.forEach(function(p){h+='<tr data-key="'+esc(p.key)+'"><td>'+esc(p.key)+'</td><td>'+esc(p.source)+'</td><td>['+esc(p.shape.join(', '))+']</td><td>'+esc(p.dtype)+'</td></tr>';});h+='</table>';}
 return h;}
 function validationTable(n){var v=n.validation||[];
-if(!v.length)return'<p class="muted" id="validation">'+(DATA.has_log?'no validation analytics in log.txt for this node (no model, or validate=False)':'no log.txt: no validation analytics')+'</p>';
+if(!v.length)return'<p class="muted" id="validation">'+(DATA.has_analytics?'no validation analytics for this node (no model)':'no '+esc(DATA.graph)+'_analytics.json: no validation analytics (compiled with validate=False, or by another leapp)')+'</p>';
 var h='<table id="validation"><tr><th>sample</th><th>output</th><th>max abs err</th><th>max rel err</th><th>tolerance</th><th>result</th></tr>';
 v.forEach(function(e){h+='<tr class="'+(e.passed?'row-pass':'row-fail')+'" data-sample="'+e.sample+'" data-output="'+esc(e.output)+'"><td>'+e.sample+'</td><td>'+esc(e.output)+'</td><td>'+esc(fmt(e.max_abs))+'</td><td>'+esc(fmt(e.max_rel))+
 '</td><td>atol '+esc(fmt(e.atol))+' + rtol '+esc(fmt(e.rtol))+'&middot;|ref|</td><td class="'+(e.passed?'pass">pass':'fail">FAIL')+(e.reason?' ('+esc(e.reason)+')':'')+'</td></tr>';});
