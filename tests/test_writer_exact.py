@@ -341,3 +341,25 @@ def test_torch_exporters_model_is_checked_and_named(tmp_path, caplog):
                "on an input with NaN (x): output 'y' is a number where eager gives NaN; "
                "export_with='jit' or 'pt2' computes as eager does there" in m
                for m in warned), warned
+
+
+@pytest.mark.parametrize("case", ["log_softmax_float64", "prelu"])
+def test_nan_through_log_softmax_in_float64_and_prelu(tmp_path, caplog, case):
+    """onnxruntime's float64 LogSoftmax gives numbers beside a NaN, and its PRelu keeps a
+    zero whose slope is NaN: eager's NaN in both."""
+    def make(trial: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(trial)
+        x, w = torch.randn(3, 5, generator=gen), torch.rand(5, generator=gen)
+        if trial % 2:
+            x[1, 2] = float("nan")
+            x[2, 0] = -0.0
+            w[0] = float("nan")
+        return [x, w]
+
+    def fn(x, w):
+        if case == "prelu":
+            return torch.nn.functional.prelu(x, w)
+        return torch.log_softmax(x, 1, dtype=torch.float64) + w.double()
+    path, log = _export(tmp_path, fn, make(0), caplog)
+    assert FELL_BACK not in log
+    _replay(path, fn, make)

@@ -187,7 +187,9 @@ def prelu(call: Call) -> str:
     rank = call.args[0].rank
     if weight.rank == 1 and weight.shape[0] > 1 and rank >= 2:
         w = e.reshape(w, (weight.shape[0],) + (1,) * (rank - 2))
-    return finish(call, e.op("PRelu", [x, w]), work)
+    # eager's x > 0 ? x : w * x (ONNX's PRelu keeps a zero where w * 0 is NaN, w NaN or inf)
+    positive = e.op("Greater", [x, e.const(0, work)])
+    return finish(call, e.op("Where", [positive, x, e.op("Mul", [w, x])]), work)
 
 
 def _softmax(op_type: str):  # noqa: ANN202
@@ -199,8 +201,20 @@ def _softmax(op_type: str):  # noqa: ANN202
         work = opmath(call.out.dtype)
         v = operand(call, x, work)
         axis = norm_dim(int(dim), x.rank)
+        if op_type == "LogSoftmax" and work == torch.float64:
+            return finish(call, _log_softmax(call, v, axis, work), work)
         return finish(call, call.e.op(op_type, [v], axis=axis), work)
     return apply
+
+
+def _log_softmax(call: Call, v: str, axis: int, work: torch.dtype) -> str:
+    """x - max - log(sum(exp(x - max))): onnxruntime's float64 LogSoftmax gives numbers
+    beside a NaN (eager's row is NaN throughout)."""
+    e = call.e
+    top = e.reduce("ReduceMax", v, [axis], True)
+    shifted = e.op("Sub", [v, top])
+    total = e.reduce("ReduceSum", e.op("Exp", [shifted]), [axis], True)
+    return e.op("Sub", [shifted, e.op("Log", [total])])
 
 
 rule("softmax")(_softmax("Softmax"))
