@@ -36,7 +36,8 @@ from . import utils  # noqa: E402,F401  (upstream's module paths)
 
 if TYPE_CHECKING:
     from . import leapp  # noqa: F401
-    from .compiling.lifecycle import __config_version__, compile_graph, start, stop
+    from .compiling.compiler import __config_version__, compile_graph
+    from .tracing.session_lifecycle import start, stop
     from .running.inference_manager import InferenceManager
     from .serving.fusion import fuse
     from .compiling.backend_survey import check_backends  # docs/backends.md
@@ -55,10 +56,10 @@ __all__ = [
 #: one that only exports never imports the runtime: name -> (module, attribute or None for
 #: the module itself).
 _LAZY = {
-    "start": ("leapp.compiling.lifecycle", "start"),
-    "stop": ("leapp.compiling.lifecycle", "stop"),
-    "compile_graph": ("leapp.compiling.lifecycle", "compile_graph"),
-    "__config_version__": ("leapp.compiling.lifecycle", "__config_version__"),
+    "start": ("leapp.tracing.session_lifecycle", "start"),
+    "stop": ("leapp.tracing.session_lifecycle", "stop"),
+    "compile_graph": ("leapp.compiling.compiler", "compile_graph"),
+    "__config_version__": ("leapp.compiling.compiler", "__config_version__"),
     "fuse": ("leapp.serving.fusion", "fuse"),
     "check_backends": ("leapp.compiling.backend_survey", "check_backends"),
     "ExportError": ("leapp.compiling.export_errors", "ExportError"),

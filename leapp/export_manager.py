@@ -3,7 +3,7 @@
 Upstream code reaches the session through one shared ``ExportManager()``
 (``ExportManager.is_interpret_graph_enabled()`` in teardown code,
 ``ExportManager().get_nodes()`` after a compile, its annotation methods).
-Here the session lives in the C core and ``leapp.compiling.lifecycle``; this class is a
+Here the session lives in the C core, ``leapp.tracing.session_lifecycle`` and ``leapp.compiling.compiler``; this class is a
 stateless view of it, so every ``ExportManager()`` is the same object and
 reads and writes the current session.
 
@@ -264,7 +264,7 @@ class ExportManager:
         last = self._last_compile()
         if "models" in last:
             return {"models": _as_lists(last["models"])}
-        from .compiling.lifecycle import model_entry
+        from .compiling.compiler import model_entry
         save = self.get_save_path() or "."
         nodes = sorted(_core.nodes().values(), key=lambda n: n.node_index)
         return {"models": _as_lists({n.name: model_entry(n, None, save, save) for n in nodes})}
@@ -279,7 +279,7 @@ class ExportManager:
         if self.get_save_path() is None:
             fatal("Error: No save path provided, please provide a save path to export the graph",
                   Exception)
-        from .compiling.lifecycle import compile_graph
+        from .compiling.compiler import compile_graph
         compile_graph(visualize=False, validate=False)
 
     def validate_all_models(self, rtol: float = 1e-3, atol: float = 1e-5,

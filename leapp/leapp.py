@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from . import annotate
 from .export_manager import ExportManager
-from .compiling.lifecycle import compile_graph, start, stop
+from .compiling.compiler import compile_graph
+from .tracing.session_lifecycle import start, stop
 
 _MANAGER: ExportManager = ExportManager()
 

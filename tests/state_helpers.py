@@ -9,7 +9,7 @@ import torch
 import yaml
 
 import leapp
-import leapp.compiling.lifecycle
+import leapp.compiling.compiler
 from leapp import _core
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ class _YamlFallback(types.ModuleType):
 @pytest.fixture(autouse=True)
 def leapp_session(monkeypatch):
     """No session leaks from one test into the next; YAML works on every branch."""
-    monkeypatch.setattr(leapp.compiling.lifecycle, "_core", _YamlFallback(_core))
+    monkeypatch.setattr(leapp.compiling.compiler, "_core", _YamlFallback(_core))
     yield
     if _core.is_tracing():
         leapp.stop()

@@ -13,7 +13,7 @@ import torch
 
 import leapp
 from leapp import annotate, _core
-from leapp.compiling import lifecycle
+from leapp.compiling import compiler
 from safetensors.torch import load_file, save_file
 
 
@@ -59,9 +59,9 @@ def break_staged(monkeypatch, edit) -> None:
     """Run edit(staging directory) once the staged bundle is written."""
     def checkpoint(phase: str) -> None:
         if phase == "written":
-            (staging,) = lifecycle.SESSION.live_staging
+            (staging,) = compiler.SESSION.live_staging
             edit(staging)
-    monkeypatch.setattr(lifecycle, "_checkpoint", checkpoint)
+    monkeypatch.setattr(compiler, "_checkpoint", checkpoint)
 
 
 def edit_yaml(directory: str, old: str, new: str) -> None:

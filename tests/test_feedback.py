@@ -388,8 +388,8 @@ def our_bundles(tmp_path_factory):
     import _pytest.monkeypatch
     patch = _pytest.monkeypatch.MonkeyPatch()
     from state_helpers import _YamlFallback
-    import leapp.compiling.lifecycle
-    patch.setattr(leapp.compiling.lifecycle, "_core", _YamlFallback(_core))
+    import leapp.compiling.compiler
+    patch.setattr(leapp.compiling.compiler, "_core", _YamlFallback(_core))
     try:
         failed = sc.main(str(out), [])
     finally:

@@ -100,13 +100,14 @@ def test_the_doors_are_the_ways_up_that_compiling_takes():
     used = {t: sorted(m for m, targets in graph.items()
                       if t in targets and rank(m) != FACE and rank(m) < rank(t))
             for t in DOORS.values()}
-    assert used == {"leapp.running.closed_loop": ["leapp.compiling.lifecycle"],
-                    "leapp.serving.fusion": ["leapp.compiling.lifecycle"]}
+    assert used == {"leapp.running.closed_loop": ["leapp.compiling.compiler"],
+                    "leapp.serving.fusion": ["leapp.compiling.compiler"]}
 
 
 #: The one module through which serving reaches each lower part it builds on: the ONNX
-#: writer of the compiling stage (the opset, saving a model) and the model loaders.
-SERVING_DOORS = {"compiling": {"leapp.compiling.backends.onnx"},
+#: writing of the compiling stage (a callable written, the opset, saving a model) and the
+#: model loaders.
+SERVING_DOORS = {"compiling": {"leapp.compiling.onnx_callable"},
                  "models": {"leapp.models.load"}}
 
 

@@ -1,6 +1,6 @@
 """leapp.tracing.node_trace: a callable traced as one node outside every session
 (what the fused ONNX model's TorchScript and pt2 nodes go through), and
-write_callable, its door to the ONNX writer (leapp.compiling.backends.onnx)."""
+write_callable, its door to the ONNX writer (leapp.compiling.onnx_callable)."""
 from __future__ import annotations
 
 import onnxruntime as ort
@@ -9,7 +9,7 @@ import torch
 
 import leapp
 from leapp import annotate
-from leapp.compiling.backends.onnx import NotWritten, write_callable
+from leapp.compiling.onnx_callable import NotWritten, write_callable
 from leapp.tracing.node_trace import NotTraceable, trace_callable
 from leapp.tracing.session_state import SESSION
 

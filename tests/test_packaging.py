@@ -28,9 +28,9 @@ def test_version_is_distinct_yet_satisfies_upstream_pins():
 
 def test_one_source_of_truth_for_the_version():
     from leapp import _version
-    from leapp.compiling import lifecycle
+    from leapp.compiling import compiler
 
-    assert leapp.__version__ is _version.__version__ is lifecycle.__version__
+    assert leapp.__version__ is _version.__version__ is compiler.__version__
     with open(os.path.join(ROOT, "pyproject.toml")) as handle:
         text = handle.read()
     assert 'dynamic = ["version"]' in text

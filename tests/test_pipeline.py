@@ -117,9 +117,9 @@ def test_wiring_is_checked_for_readers_only():
 
 
 def test_no_other_module_reads_the_flow_sections():
-    """The flow keys of the YAML are spelled in pipeline.py (and lifecycle.py, which
+    """The flow keys of the YAML are spelled in pipeline.py (and compiler.py, which
     hands over the C core's edges), so no second reader can drift from it."""
-    allowed = {"pipeline.py", "lifecycle.py"}
+    allowed = {"pipeline.py", "compiler.py"}
     found = []
     for path in pathlib.Path(ROOT, "leapp").rglob("*.py"):
         if path.name in allowed:

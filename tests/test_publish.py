@@ -87,7 +87,7 @@ def _assert_v1(root: str, bundle: str, files: dict, outputs: dict) -> None:
 CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from leapp.compiling import lifecycle, publish as _publish
+    from leapp.compiling import compiler, publish as _publish
     from test_publish import build
 
     def die(*_):
@@ -106,7 +106,7 @@ CHILD = textwrap.dedent("""
             real_commit(*args)
         _publish.commit = commit
     else:
-        lifecycle._checkpoint = lambda name: die() if name == phase else None
+        compiler._checkpoint = lambda name: die() if name == phase else None
     build({save!r}, 3.0, backend="jit-trace")
     import leapp
     leapp.compile_graph(visualize=False)

@@ -310,7 +310,7 @@ def test_validate_false_skips(tmp_path, caplog):
 
 
 # ---------------------------------------------------------------------------
-# validate_models on its own (the entries lifecycle hands it)
+# validate_models on its own (the entries compile_graph hands it)
 
 
 class _Port:

@@ -38,7 +38,7 @@ def _node_onnx(name: str, entry: Any, opset: int, writer: bool = True,
     (its name is then appended to ``written``), else to torch's exporter."""
     import onnx
 
-    from ..compiling.backends.onnx import default_opset
+    from ..compiling.onnx_callable import default_opset
 
     backend = entry.backend
     model: Any = None
@@ -96,7 +96,7 @@ def _written(name: str, entry: Any, module: Any, args: tuple[torch.Tensor, ...],
     written by leapp's ONNX writer, as _node_onnx returns it; None when the writer
     does not write it, with the node and the reason logged (torch's exporter then
     converts it)."""
-    from ..compiling.backends.onnx import (NotWritten, deduplicate_names, write_callable,
+    from ..compiling.onnx_callable import (NotWritten, deduplicate_names, write_callable,
                                            writer_enabled)
 
     if not writer_enabled():
@@ -196,7 +196,7 @@ def build_onnx(the_plan: Plan, manager: Any, writer: bool = True,
     import onnx
     from onnx import helper, numpy_helper
 
-    from ..compiling.backends.onnx import default_opset
+    from ..compiling.onnx_callable import default_opset
 
     onnx_opsets = [0]
     for name in the_plan.order:
@@ -283,7 +283,7 @@ def build_onnx(the_plan: Plan, manager: Any, writer: bool = True,
 
 def save_onnx(model: Any, path: str, final: str) -> None:
     """Save to path; large weights go beside it as <final's name>.data."""
-    from ..compiling.backends.onnx import save_model
+    from ..compiling.onnx_callable import save_model
     save_model(model, path, os.path.basename(final) + ".data")
 
 

@@ -287,63 +287,26 @@ def _check_torch_model(node: str, backend: str, module: torch.fx.GraphModule, pr
         "values out of the node's inputs", None)
 
 
-def writer_enabled() -> bool:
-    """Whether leapp's ONNX writer writes nodes (False: LEAPP_ONNX_WRITER=torch)."""
-    from .. import onnx_writer
-    return onnx_writer.enabled()
-
-
-class NotWritten(Exception):
-    """Why leapp's ONNX writer did not write a callable (write_callable)."""
-
-
-def write_callable(node: str, fn: Any, example_inputs: Sequence[torch.Tensor],
-                   input_names: list[str], output_names: list[str], opset: int) -> Any:
-    """fn (a TorchScript module, say) as an ONNX model written by leapp's writer.
-
-    fn runs once on the example inputs in a private trace (leapp.tracing.node_trace:
-    no session state touched), and the node it records is written with the
-    writer, its inputs and outputs named as given (a name on both sides becomes
-    <name>_in / <name>_out, as for an exported node: deduplicate_names).  Returns
-    the ModelProto; raises NotWritten naming why (the writer turned off, a
-    running session, a TorchScript construct the tracer cannot run, control
-    flow or a data-dependent value, a call without a rule)."""
-    from .. import onnx_writer
-    from ..._version import __version__
-    from ...tracing.node_trace import NotTraceable, trace_callable
-
-    if not onnx_writer.enabled():
-        raise NotWritten(f"{onnx_writer.ENV}=torch chooses torch's exporter")
-    inputs = [t.detach() for t in example_inputs]
-    try:
-        module = trace_callable(node, fn, inputs, input_names, output_names)
-    except NotTraceable as exc:
-        raise NotWritten(f"leapp's tracer cannot record it exactly: {exc}") from None
-    except Exception as exc:  # noqa: BLE001  a construct the tracer cannot run
-        raise NotWritten(f"leapp's tracer cannot run it: {type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:300]}") from None
-    written_in, written_out = deduplicate_names(node, list(input_names), list(output_names))
-    try:
-        model = onnx_writer.write_model(node, module, inputs, written_in, written_out, opset,
-                                        __version__)
-    except onnx_writer.NoRule as exc:
-        raise NotWritten(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001  a writer bug must not cost the model
-        raise NotWritten(f"the ONNX writer failed: {type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:300]}") from None
+def differs_from_eager(model: Any, module: torch.fx.GraphModule, inputs: Sequence[Any],
+                       input_names: list[str], output_names: list[str],
+                       reference: Any = None) -> str | None:
+    """Why a written ONNX model does not stand for the module (or the callable it was
+    traced from, reference) on inputs the trace never drew: onnxruntime refuses to load
+    or run it, or a fresh input's outputs part from eager's; None when it computes as
+    eager does.  The check every written node passes, for callables written elsewhere
+    (leapp.compiling.onnx_callable)."""
     session, unloadable = _session(model)
     if session is None:
-        raise NotWritten(unloadable)
+        return unloadable
     try:
-        difference = _fresh_difference(module, session, inputs, written_in, written_out,
-                                       reference=fn)
+        difference = _fresh_difference(module, session, inputs, input_names, output_names,
+                                       reference=reference)
     except Exception as exc:  # noqa: BLE001  a model onnxruntime cannot run
-        raise NotWritten(f"onnxruntime could not run the written model: "
-                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+        return (f"onnxruntime could not run the written model: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     if difference is not None:
-        raise NotWritten(f"the written model differs from the callable "
-                         f"{difference.describe(written_in)}")
-    return model
+        return f"the written model differs from the callable {difference.describe(input_names)}"
+    return None
 
 
 def _export_dynamo(node: str, module: torch.fx.GraphModule, inputs: tuple,
