@@ -672,7 +672,7 @@ def test_one_robot_export_batches_as_written(tmp_path, monkeypatch, caplog, back
 
 @pytest.mark.parametrize("backend", ["jit", "onnx"])
 @pytest.mark.parametrize("passes", [1, 2])
-def test_sb3_ppo_exported_plainly_is_quiet(tmp_path, caplog, backend, passes):
+def test_sb3_ppo_exported_plainly_is_quiet(tmp_path, caplog, monkeypatch, backend, passes):
     """SB3's PPO exported the plain way, with torch's default argument checks on: its
     Normal distribution checks its parameters by reading traced values, which decides
     nothing the policy computes; one INFO line, no WARNING or ERROR, and the bundle
@@ -682,7 +682,8 @@ def test_sb3_ppo_exported_plainly_is_quiet(tmp_path, caplog, backend, passes):
     import gymnasium as gym
     from stable_baselines3 import PPO
 
-    assert torch.distributions.Distribution._validate_args  # torch's default
+    # torch's default (another test's library may have turned it off for the process)
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
     policy = PPO("MlpPolicy", gym.make("Pendulum-v1"), device="cpu", seed=0).policy.eval()
     gen = torch.Generator().manual_seed(0)
     with caplog.at_level(logging.INFO, logger="leapp"):

@@ -109,6 +109,7 @@ class SessionAPI(NodeOutputs, DeclaredState):
                 traced = self._new_input(node, leaf, state)
                 replaced[leaf.path] = _numpy.wrap(traced) if array is not None else traced
             else:
+                self._check_changed_feedback(node, leaf, state)
                 value = self._reenter_input(node, leaf)
                 if _guards.needs_shadow(node):  # pass 1 read values into Python: check them
                     value = self._shadow_input(node, leaf.name, value)
@@ -116,6 +117,39 @@ class SessionAPI(NodeOutputs, DeclaredState):
                     continue
                 replaced[leaf.path] = _numpy.plain_array(array) if array is not None else value
         return rebuild(values, replaced)
+
+    def _check_changed_feedback(self, node: _core.Node, leaf: Leaf, state: bool) -> None:
+        """Warn (strict: refuse) when a later pass declares a state, or an input fed back
+        from a node's output, with a value computed outside every node from an output
+        (h = new.clamp(-0.1, 0.1) between the steps): the bundle feeds back the output
+        itself, not what the code here made of it."""
+        tag = derived_tag(leaf.value)
+        if tag is None or _core.find_node(tag[0]) is None:
+            return
+        port = next((p for p in node.inputs if p.name == leaf.name), None)
+        fed_back = port is not None and (port.src_node is not None or
+                                         leaf.name in info(node).states)
+        if not (state or fed_back):
+            return
+        src_node, src_port, op = tag
+        file, line = call_site()
+        what = "State" if state else "Input"
+        message = (f"{what} '{leaf.name}' of node '{node.name}' is declared at {file}:{line} "
+                   f"with a value computed outside every node by '{op}' from output "
+                   f"'{src_port}' of node '{src_node}': the exported pipeline feeds back "
+                   f"'{src_node}/{src_port}' itself, so from the next step on it computes "
+                   f"something else than what ran here. Fix: do the '{op}' inside the node "
+                   f"(before annotate.update_state('{src_node}', ...) or "
+                   f"annotate.output_tensors('{src_node}', ...)), or make it a node of its "
+                   f"own.")
+        if leaf.name in info(node).changed_feedback:
+            return  # said on an earlier pass
+        info(node).changed_feedback[leaf.name] = message
+        cfg = SESSION.config
+        if cfg is not None and cfg.strict:
+            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
+                  RuntimeError)
+        logger.warning("%s", message)
 
     def _shadow_input(self, node: _core.Node, name: str, value: Any) -> Any:
         """value as an input of this later pass's shadow node (leapp.tracing.guards)."""

@@ -39,6 +39,9 @@ class NodeInfo:
     data_vids: dict = field(default_factory=dict)
     random_ops: list = field(default_factory=list)      # (op label, file, line) of random ops
     validation_noted: bool = False                      # torch.distributions checks said
+    # Later passes' states (or fed-back inputs) declared from a value computed outside
+    # every node from an output: name -> the message (the closed loop counts them)
+    changed_feedback: dict = field(default_factory=dict)
     # Declared states whose update_state comes after output_tensors (or in the
     # node's next call): pass 1's still unbound (the node is in its tail), and
     # all of them, for the later passes' samples.
@@ -46,6 +49,11 @@ class NodeInfo:
     late_bound: tuple = ()
     awaiting: dict | None = None                        # a later pass's sample, until late updates
     private: bool = False                               # traced outside the session (node_trace)
+    # State kept in Python (leapp.tracing.escapes): the values pass 1 computed and left
+    # where the next call may read them (path, value id, weak reference, set at), and
+    # the reads of such values a later pass made ((path, file, line) each).
+    kept: list = field(default_factory=list)
+    kept_reads: list = field(default_factory=list)
 
     def declared_inputs(self) -> list:
         """(name, tensor) of the declared inputs whose tensors are still alive."""
