@@ -1095,9 +1095,14 @@ def markdown(censuses):
     lines.append("")
     if not wrong:
         lines.append("none.")
+    grouped = {}
     for op, dtype, index, outcome, kind, diff in wrong:
-        lines.append("- `%s` %s #%s: %s on `%s`: %s" % (op, dtype, index, outcome, kind,
-                                                      _mask(diff)))
+        grouped.setdefault((op, dtype, outcome), []).append((index, kind, diff))
+    for (op, dtype, outcome), items in grouped.items():
+        index, kind, diff = items[0]
+        lines.append("- `%s` %s (sample%s %s): %s on `%s`: %s" % (
+            op, dtype, "s" if len(items) > 1 else "",
+            ", ".join("#%s" % i for i, _, _ in items), outcome, kind, _mask(diff)))
     lines.append("")
     return "\n".join(lines)
 
