@@ -284,7 +284,7 @@ def cmd_draw(args: argparse.Namespace, out: Any) -> int:
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise BundleError(f"-o {target}: directory {parent} does not exist")
-    from .visualization import draw
+    from .drawing.png import draw
     try:
         draw(model, target, graph)
     except (RuntimeError, OSError) as exc:
@@ -301,7 +301,7 @@ def cmd_view(args: argparse.Namespace, out: Any) -> int:
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise BundleError(f"-o {target}: directory {parent} does not exist")
-    from .view import write_view
+    from .drawing.html import write_view
     try:
         write_view(args.bundle, target)
     except (RuntimeError, OSError) as exc:

@@ -2,7 +2,7 @@
 
 The package is layered as the data flows (docs/architecture.md, "Stages and doors"):
 
-    bundle < tracing < visualization < view < models < compiling < running < serving
+    bundle < tracing < drawing < models < compiling < running < serving
 
 A module may import its own stage and the stages below it, plus the root modules
 everything stands on (``leapp._core``, ``leapp._version``).  The rest of the package root
@@ -30,8 +30,7 @@ import pytest
 
 from test_import_cycles import PACKAGE, import_graph, module_names
 
-STAGES = ("bundle", "tracing", "visualization", "view", "models", "compiling", "running",
-          "serving")
+STAGES = ("bundle", "tracing", "drawing", "models", "compiling", "running", "serving")
 BASE = {"leapp._core", "leapp._version"}
 FACE = -1  # rank of the public face: above every stage, never imported by one
 
@@ -199,7 +198,7 @@ def test_the_runtime_never_imports_the_compiling_stage():
     assert {"leapp.running.inference_manager", "leapp.models.load",
             "leapp.models.onnx_runner"} <= set(loaded)  # it did load both kinds of model
     assert [m for m in loaded
-            if m.split(".")[1:2] in (["compiling"], ["view"], ["visualization"])] == []
+            if m.split(".")[1:2] in (["compiling"], ["drawing"])] == []
 
 
 # ---- private names -------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_result_is_the_validation_dict(tmp_path):
     assert all(row["seconds"] >= 0 for row in result.nodes)
     assert result._repr_png_().startswith(b"\x89PNG\r\n\x1a\n")
     page = result._repr_html_()
-    # the interactive view (leapp.view) in an iframe, in place of the picture
+    # the interactive view (leapp.drawing.html) in an iframe, in place of the picture
     assert "<table" in page and '<iframe class="leapp-view" srcdoc=' in page
     assert "<td>enc</td><td>jit</td><td>enc.pt</td>" in page and ">passed</td>" in page
 

@@ -1,4 +1,4 @@
-"""The interactive view (<graph>.html, leapp.view): written by compile_graph and
+"""The interactive view (<graph>.html, leapp.drawing.html): written by compile_graph and
 `leapp view` for every example and compat pipeline, self-contained, and working in a real
 browser: headless Chromium (Debian's chromium + chromium-driver, installed by `make setup`)
 driven by selenium, with the network disabled."""

@@ -1,4 +1,4 @@
-"""Tests for leapp.visualization (the `<graph>.png` picture): draw, render_pipeline
+"""Tests for leapp.drawing.png (the `<graph>.png` picture): draw, render_pipeline
 and the scene layout_pipeline places."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from leapp.bundle.pipeline import Pipeline
-from leapp.visualization import draw, layout_pipeline, render_pipeline, style
+from leapp.drawing.png import draw, layout_pipeline, render_pipeline, style
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_deterministic_across_processes(tmp_path):
     here = render(tmp_path, "loop3", loop3())
     other = tmp_path / "other.png"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import tests.test_visualization as t; "
-            "from leapp.visualization import render_pipeline; render_pipeline(sys.argv[2], 'loop3', *t.loop3())")
+            "from leapp.drawing.png import render_pipeline; render_pipeline(sys.argv[2], 'loop3', *t.loop3())")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     subprocess.run([sys.executable, "-c", code, str(ROOT), str(other)], check=True, env=env, cwd=ROOT)
     assert here.read_bytes() == other.read_bytes()

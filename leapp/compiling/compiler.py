@@ -265,7 +265,7 @@ def compile_graph(visualize: bool = True, verbose: bool | None = None, validate:
                   fuse: bool = False) -> Any:
     """Export every node, write the YAML, the initial values, the PNG and validate.
 
-    visualize=True also writes <graph>.html, the interactive view (leapp.view,
+    visualize=True also writes <graph>.html, the interactive view (leapp.drawing.html,
     docs/visualization.md), after validation.
 
     The new bundle is built beside the old one and validated there, each model
@@ -431,8 +431,8 @@ def _finish_staged(cfg: SessionConfig, nodes: list, exported: dict, models: dict
     if record_artifacts:
         _log_artifacts(cfg, bundle, nodes, exported, models)
     _logging.snapshot(os.path.join(staging, "log.txt"))
-    if visualize:  # <graph>.html, from the staged files and log.txt (leapp.view)
-        from ..view import write_staged
+    if visualize:  # <graph>.html, from the staged files and log.txt (leapp.drawing.html)
+        from ..drawing.html import write_staged
         write_staged(pipeline, graph, staging, bundle, _publish.finish_modes)
     _checkpoint("ready")
 
@@ -456,7 +456,7 @@ def _close_staging(progress: CompileProgress, staging: str, bundle: str, committ
 def _visualize(work_dir: str, bundle: str, graph: str, model: Pipeline) -> None:
     path = os.path.join(work_dir, f"{graph}.png")
     try:
-        from ..visualization import draw
+        from ..drawing.png import draw
         draw(model, path, graph)
         logger.info("Graph visualization saved as: %s", os.path.join(bundle, f"{graph}.png"))
     except Exception as exc:  # the bundle is still useful without its picture

@@ -73,7 +73,7 @@ class CompileResult(dict):
                 "</tr>")
         picture = ""
         if self.view:
-            from ..view import iframe
+            from ..drawing.html import iframe
             picture = iframe(self.view)
         elif self.png:
             data = base64.b64encode(self.png).decode("ascii")

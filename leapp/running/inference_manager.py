@@ -241,8 +241,8 @@ class InferenceManager(PortCatalog):
         self._apply_initial_values()
 
     def _repr_html_(self) -> str:
-        """In a notebook: the bundle's interactive view (leapp.view), inline."""
-        from ..view import iframe, render_html
+        """In a notebook: the bundle's interactive view (leapp.drawing.html), inline."""
+        from ..drawing.html import iframe, render_html
         graph = os.path.splitext(os.path.basename(self.model_path))[0]
         return iframe(render_html(self.graph, graph, self._yaml_dir))
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
-from ..bundle.pipeline import Pipeline
+from ...bundle.pipeline import Pipeline
 from .fonts import FontT, badge_text, badge_w, clip, detail_text, port_kind, text_w
 from .geometry import Point, chain_points, dash, loop_points
 from .layers import Item, PortSlot

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..bundle.pipeline import FEEDBACK, FORWARD, Pipeline
+from ...bundle.pipeline import FEEDBACK, FORWARD, Pipeline
 from .fonts import FontT, badge_w, load_fonts, text_w
 from .geometry import Point, loop_points
 from .layers import Chain, Item, Loop, assign_layers, build_items, group_layers, links_by_layer, order_layers, split_edges

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..bundle.pipeline import FEEDBACK, FORWARD
+from ...bundle.pipeline import FEEDBACK, FORWARD
 
 #: Edge styles besides the pipeline's FORWARD and FEEDBACK: the wires of graph ports.
 GRAPH_INPUT = "graph_input"

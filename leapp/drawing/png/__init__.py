@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from ..bundle.pipeline import Pipeline
+from ...bundle.pipeline import Pipeline
 from .fonts import is_scalable, load_fonts
 from .layout import Scene, layout_pipeline
 from .painting import finish, paint, write_png

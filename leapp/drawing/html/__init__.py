@@ -2,13 +2,13 @@
 
 `leapp view BUNDLE.yaml` and `compile_graph(visualize=True)` write it; notebooks show it
 inline (the compile result, `InferenceManager`).  It holds the pipeline drawn as SVG with
-the PNG's layout (leapp.view.svg), the port catalogue (the graph inputs and outputs by
+the PNG's layout (leapp.drawing.html.svg), the port catalogue (the graph inputs and outputs by
 kind with their element names and periods, the feedback ports; leapp.bundle.ports) and,
 per node, its ports and where each input comes from, its model file and checksums, the
 validation analytics of the compile (``<graph>_analytics.json``, leapp.bundle.analytics), the
-warnings it logged (leapp.view.log_warnings, read from log.txt) and the op graph of its
+warnings it logged (leapp.drawing.html.log_warnings, read from log.txt) and the op graph of its
 exported model
-(leapp.view.opgraph).  Scripts and styles are inline (leapp.view.page): it needs no
+(leapp.drawing.html.opgraph).  Scripts and styles are inline (leapp.drawing.html.page): it needs no
 network.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 import os
 from typing import Any, Callable
 
-from ..bundle import analytics
-from ..bundle.log import logger
-from ..bundle.pipeline import Pipeline, thawed
-from ..bundle.ports import INPUT, OUTPUT, InferencePort, describe, port_record
+from ...bundle import analytics
+from ...bundle.log import logger
+from ...bundle.pipeline import Pipeline, thawed
+from ...bundle.ports import INPUT, OUTPUT, InferencePort, describe, port_record
 from .log_warnings import read_warnings
 from .opgraph import op_graph
 from .page import render_page

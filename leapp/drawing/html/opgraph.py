@@ -104,7 +104,7 @@ def _jit(path: str) -> dict[str, Any]:
 def _pt2(path: str) -> dict[str, Any]:
     import torch
 
-    from ..bundle.pt2_reader import load_pt2
+    from ...bundle.pt2_reader import load_pt2
     program = load_pt2(path)
     ops = []
     nodes = list(program.graph.nodes)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ..bundle.pipeline import FORWARD, Edge, Node, Pipeline, Port
+from ...bundle.pipeline import FORWARD, Edge, Node, Pipeline, Port
 from .fonts import FontT, badge_w, clip, detail_text, port_kind, port_text_w, text_w
 from .style import GRAPH_INPUT, GRAPH_OUTPUT, BODY_PAD_BOTTOM, BODY_PAD_TOP, CARD_MID_GAP, CARD_MIN_W, CARD_PAD_X, DETAIL_LINE, DUMMY_H, HEADER_H, NAME_LINE, ORDER_SWEEPS, PORT_PAD, TERMINAL_H, TERMINAL_TIP
 

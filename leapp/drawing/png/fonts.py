@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from PIL import ImageFont
 
-from ..bundle.pipeline import Port
+from ...bundle.pipeline import Port
 from .style import BOLD_ROLES, FONT_SIZES, MAX_NAME_CHARS, NO_MODEL_LABEL
 
 FontT = Any  # ImageFont.FreeTypeFont, or ImageFont.ImageFont without FreeType

@@ -1,4 +1,4 @@
-"""The pipeline as SVG: the PNG's scene (leapp.visualization.layout) painted as vector
+"""The pipeline as SVG: the PNG's scene (leapp.drawing.png.layout) painted as vector
 elements, each node card, terminal and edge a group the page's script can find and click."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import html
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..bundle.pipeline import Pipeline
-from ..visualization import painting
-from ..visualization.fonts import FontT, load_fonts
-from ..visualization.geometry import Point, chain_points, loop_points
-from ..visualization.layers import Chain, Item, Loop
-from ..visualization.layout import Scene, layout_pipeline
-from ..visualization.style import ARROW_HALF, ARROW_LEN, BACKGROUND, BOLD_ROLES, DASH, FONT_SIZES
+from ...bundle.pipeline import Pipeline
+from ..png import painting
+from ..png.fonts import FontT, load_fonts
+from ..png.geometry import Point, chain_points, loop_points
+from ..png.layers import Chain, Item, Loop
+from ..png.layout import Scene, layout_pipeline
+from ..png.style import ARROW_HALF, ARROW_LEN, BACKGROUND, BOLD_ROLES, DASH, FONT_SIZES
 
 _ANCHORS = {"l": "start", "m": "middle", "r": "end"}
 FONT_FAMILY = "'DejaVu Sans', Verdana, 'Bitstream Vera Sans', sans-serif"
@@ -36,7 +36,7 @@ def _points(pts: Iterable[Point]) -> str:
 
 
 class SvgPainter:
-    """The PNG painter's drawing calls (leapp.visualization.painting.Painter), written as SVG."""
+    """The PNG painter's drawing calls (leapp.drawing.png.painting.Painter), written as SVG."""
 
     def __init__(self, measure: Mapping[str, FontT]) -> None:
         self.scale = 1
