@@ -536,6 +536,103 @@ def test_recurrent_ppo_state_updated_after_step(tmp_path, backend):
     ce.assert_steps_equal(got, want)
 
 
+class _IsaacObservations(ce.ExportEnv):
+    """Isaac Lab's observation terms inside the environment: the raw reading an input,
+    the last action and a history of the raw reading state of the node, declared with
+    state_tensors while the next observations are computed (inside env.step); the
+    policy's observation is their concatenation (SB3_OBS = 1 + SB3_ACT + 2)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(SB3_ENVS, 1, backend)
+        self.last_action = torch.zeros(SB3_ENVS, SB3_ACT)
+        self.history = torch.zeros(SB3_ENVS, 2)
+
+    def _observe(self) -> torch.Tensor:
+        raw = annotate.input_tensors(self.node, {"raw": observation_raw(self.steps)})
+        last, history = annotate.state_tensors(self.node, {"last_action": self.last_action,
+                                                           "history": self.history})
+        history = torch.cat([history[:, 1:], raw], dim=1)
+        annotate.update_state(self.node, {"history": history})
+        self.history = history
+        return torch.cat([raw, last, history], dim=1)
+
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        annotate.update_state(self.node, {"last_action": actions})
+        self.last_action = actions
+        return super().step(actions)
+
+
+def observation_raw(step: int) -> torch.Tensor:
+    return ce.observation(step, SB3_ENVS, 1)
+
+
+def export_recurrent_ppo_isaac_order(save_path: str, backend: str) -> str:
+    """Isaac Lab's Stable-Baselines3 export order with observations that have state of
+    their own: the LSTM state declared, _predict, env.step (the action captured, the next
+    observations with their last action and history state declared), the new LSTM state
+    masked with the done flags, then update_state."""
+    model, normalize = make_recurrent_ppo()
+    policy = model.policy
+    policy.set_training_mode(False)
+    env = _IsaacObservations(backend)
+    layers, _, hidden = policy.lstm_hidden_state_shape
+    carried = [torch.zeros(layers, SB3_ENVS, hidden) for _ in range(2)]
+
+    def step(obs: torch.Tensor) -> torch.Tensor:
+        nonlocal carried
+        state = tuple(ce.declare_state(ce.POLICY_NODE, carried))
+        actions, next_state = policy._predict(normalize_in_torch(obs, normalize),
+                                              lstm_states=state,
+                                              episode_starts=torch.zeros(SB3_ENVS),
+                                              deterministic=True)
+        obs, terminated, truncated = env.step(clip_to_action_space(policy, actions))
+        not_done = (~(terminated | truncated)).to(next_state[0].dtype).reshape(1, -1, 1)
+        carried = [s * not_done for s in next_state]
+        annotate.update_state(ce.POLICY_NODE, ce.named_state(carried))
+        return obs
+
+    with ce.distribution_validation_off():
+        return _traced_loop(save_path, "sb3_isaac_order", step, env)
+
+
+@_needs("sb3_contrib", "stable_baselines3", "gymnasium")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recurrent_ppo_in_isaac_labs_order_replays_predict(tmp_path, caplog, backend):
+    """The update_state of the LSTM state is tied to the call that declared it, though the
+    next call declared its other states (last action, history) inside env.step first;
+    the bundle replays VecNormalize + RecurrentPPO.predict over 10 steps, and the done
+    mask, baked, is named."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="leapp"):
+        yaml_path = export_recurrent_ppo_isaac_order(str(tmp_path), backend)
+    assert any("update_state for state 'actor_state_0' of node 'policy'" in r.getMessage()
+               and "with a tensor from outside the node" in r.getMessage()
+               for r in caplog.records)
+    flow = ce.feedback_flow(ce.read_yaml(yaml_path))
+    assert {key.split("/")[1].removesuffix("_out") for key in flow} == \
+        {"actor_state_0", "actor_state_1", "last_action", "history"}, flow
+    manager = leapp.InferenceManager(yaml_path)
+    assert list(manager.inputs) == [f"{ce.POLICY_NODE}/raw"], manager.inputs
+    model, normalize = make_recurrent_ppo()
+    state, starts = None, np.ones(SB3_ENVS, dtype=bool)
+    last, history = np.zeros((SB3_ENVS, SB3_ACT), np.float32), np.zeros((SB3_ENVS, 2),
+                                                                        np.float32)
+    with torch.inference_mode():
+        for step in range(REPLAY_STEPS):
+            raw = observation_raw(step)
+            got = manager.run_policy({f"{ce.POLICY_NODE}/raw": raw})[
+                f"{ce.POLICY_NODE}/actions"]
+            history = np.concatenate([history[:, 1:], raw.numpy()], axis=1)
+            obs = np.concatenate([raw.numpy(), last, history], axis=1)
+            actions, state = model.predict(normalize.normalize_obs(obs), state=state,
+                                           episode_start=starts, deterministic=True)
+            starts = np.zeros(SB3_ENVS, dtype=bool)
+            last = actions.astype(np.float32)
+            assert torch.allclose(got, torch.as_tensor(actions), rtol=1e-5, atol=1e-5), \
+                (step, got, actions)
+
+
 @_needs("sb3_contrib", "stable_baselines3", "gymnasium")
 def test_recurrent_ppo_done_during_trace_is_refused(tmp_path):
     """The done flags come from outside the trace, so the mask is a constant of the node

@@ -47,6 +47,7 @@ class NodeInfo:
     # all of them, for the later passes' samples.
     late_states: set = field(default_factory=set)
     late_bound: tuple = ()
+    tail_start: int = 0                                 # the first op record of the tail
     awaiting: dict | None = None                        # a later pass's sample, until late updates
     private: bool = False                               # traced outside the session (node_trace)
     # State kept in Python (leapp.tracing.escapes): the values pass 1 computed and left

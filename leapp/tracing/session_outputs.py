@@ -22,7 +22,7 @@ from .session_state import SESSION
 from .traced import TracedTensor, alias, clone_plain, plain
 
 
-from .session_checks import derived_tag, describe, is_tensor, tensor_leaf
+from .session_checks import derived_tag, describe, is_tensor, op_name, tensor_leaf
 
 
 class NodeOutputs:
@@ -51,6 +51,7 @@ class NodeOutputs:
             self._finish(node, [tensor_leaf(leaf, False) for leaf in leaves], static_leaves,
                          export_with, backend_params or {})
             return rebuild(values, {})
+        _escapes.end_later_pass(node)  # leapp.tracing.escapes
         self._reenter_outputs(node, [tensor_leaf(leaf, True) for leaf in leaves],
                               static_leaves)
         _guards.end_pass(node)
@@ -167,6 +168,7 @@ class NodeOutputs:
         if late:
             # Their update_state comes later (after an environment step, say):
             # ops on the node's internal values keep being recorded until then.
+            node_info.tail_start = len(node.ops)
             node.open_tail()
 
     def _output_port(self, leaf: Leaf, vid: int) -> Any:
@@ -347,7 +349,10 @@ class DeclaredState:
                 node_info.states[leaf.name] = node.inputs[-1]
                 replaced[leaf.path] = _numpy.wrap(traced) if array else traced
             return rebuild(values, replaced)
-        if node.in_tail:  # the next call began before its late updates: they never came
+        if node.in_tail and set(values) & info(node).late_states:
+            # the next call declares a state whose late update never came (another state
+            # of the next call, declared inside an environment step before the update,
+            # leaves the tail open: the update is tied to the call that declared it)
             self.close_tail(node)
         return self._declare(node, values, fields, state=True)
 
@@ -397,6 +402,7 @@ class DeclaredState:
         traced values (its tail); anything else cannot be tied to the call."""
         carrier = _core.carrier_of(value)
         if carrier is not None and carrier.node is node:
+            self._name_tail_constants(node, name, carrier.vid)
             return
         file, line = call_site()
         tag = derived_tag(value) if carrier is None else None
@@ -415,6 +421,32 @@ class DeclaredState:
               f"would never advance. Compute the new state from the node's values (the "
               f"tensors its model returned), or call update_state before the environment "
               f"step (before annotate.output_tensors('{node.name}', ...)).")
+
+    def _name_tail_constants(self, node: _core.Node, name: str, vid: int) -> None:
+        """Warn when a late update is computed, after the node's outputs, with tensors from
+        outside the node (done flags masking the new state): the export bakes their
+        traced values."""
+        wanted = {vid}
+        found: list[tuple[str, tuple]] = []
+        for func, args, kwargs, outs in reversed(node.ops[info(node).tail_start:]):
+            if not wanted & set(outs if isinstance(outs, (tuple, list)) else (outs,)):
+                continue
+            for item in _template_items((args, kwargs)):
+                if isinstance(item, _core.Ref) and item.kind == _core.REF_VALUE:
+                    wanted.add(item.index)
+                elif isinstance(item, torch.Tensor) and item.dim() > 0:
+                    found.append((op_name(func), tuple(item.shape)))
+        if not found:
+            return
+        file, line = call_site()
+        op, shape = found[-1]
+        logger.warning(
+            "update_state for state '%s' of node '%s' at %s:%d is computed after the node's "
+            "outputs with a tensor from outside the node (shape %s, by '%s'; done flags "
+            "masking the new state, say): the export bakes the value it had here. Fix: "
+            "declare it as an input of the node (annotate.input_tensors('%s', {...}) in the "
+            "node's call) and apply it inside the node, or keep it out of the state's update.",
+            name, node.name, file, line, list(shape), op, node.name)
 
     def _refuse_untied(self, node: _core.Node, name: str) -> None:
         file, line = call_site()
@@ -480,3 +512,15 @@ class DeclaredState:
         tracker.inject(self, node)
         info(node).trackers.append(tracker)
         return None
+
+
+def _template_items(obj: Any) -> Any:
+    """The leaves of an op record's argument template (Refs, tensors, numbers)."""
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _template_items(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _template_items(item)
+    else:
+        yield obj
