@@ -188,6 +188,212 @@ tuple_of(PyObject *obj, Py_ssize_t expected, const char *what)
     return t;
 }
 
+/* ---- the constructor's steps ---------------------------------------------
+ * Each fills some fields of a zeroed Program and returns 0, or -1 with an
+ * exception; what it filled before failing is freed by the type's dealloc. */
+
+/* O& converter of `convert`: callable or None, stored borrowed (the caller's
+ * argument tuple holds it for the constructor's whole run). */
+static int
+callable_or_none(PyObject *obj, void *out)
+{
+    if (obj != Py_None && !PyCallable_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "convert must be callable or None, got %R", obj);
+        return 0;
+    }
+    *(PyObject **)out = obj;
+    return 1;
+}
+
+/* The per-slot tables (keys, shapes, dtypes), the node names, the graph
+ * input keys and the empty slots; sets nslots. */
+static int
+read_slot_tables(ProgramObject *self, PyObject *keys, PyObject *shapes, PyObject *dtypes,
+                 PyObject *names, PyObject *ginputs)
+{
+    Py_ssize_t i;
+    self->slot_keys = tuple_of(keys, -1, "slot_keys");
+    if (self->slot_keys == NULL) {
+        return -1;
+    }
+    self->nslots = PyTuple_GET_SIZE(self->slot_keys);
+    self->shapes = tuple_of(shapes, self->nslots, "shapes");
+    self->dtypes = tuple_of(dtypes, self->nslots, "dtypes");
+    self->names = tuple_of(names, -1, "names");
+    self->graph_inputs = PySequence_List(ginputs);
+    if (self->shapes == NULL || self->dtypes == NULL || self->names == NULL
+        || self->graph_inputs == NULL) {
+        return -1;
+    }
+    self->slots = PyMem_New(PyObject *, self->nslots > 0 ? self->nslots : 1);
+    if (self->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < self->nslots; i++) {
+        self->slots[i] = NULL;
+    }
+    return 0;
+}
+
+/* input_index: a private copy (the caller may change its dict after
+ * construction), its keys str and its values slot indices. */
+static int
+read_input_index(ProgramObject *self, PyObject *index)
+{
+    Py_ssize_t pos = 0;
+    PyObject *k, *v; /* borrowed from self->input_index */
+    self->input_index = PyDict_Copy(index);
+    if (self->input_index == NULL) {
+        return -1;
+    }
+    while (PyDict_Next(self->input_index, &pos, &k, &v)) {
+        if (!PyUnicode_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "input_index keys must be str, got %R", k);
+            return -1;
+        }
+        if (program_slot_index(v, self->nslots) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One callable per node name; sets nnodes as each is stored. */
+static int
+read_calls(ProgramObject *self, PyObject *calls)
+{
+    Py_ssize_t i, n;
+    int status = -1;
+    PyObject *seq = PySequence_Fast(calls, "calls must be a sequence");
+    if (seq == NULL) {
+        return -1;
+    }
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n != PyTuple_GET_SIZE(self->names)) {
+        PyErr_Format(PyExc_ValueError, "calls: expected %zd entries, got %zd",
+                     PyTuple_GET_SIZE(self->names), n);
+        goto done;
+    }
+    self->calls = PyMem_New(PyObject *, n > 0 ? n : 1);
+    if (self->calls == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *c = PySequence_Fast_GET_ITEM(seq, i); /* borrowed from seq */
+        if (!PyCallable_Check(c)) {
+            PyErr_Format(PyExc_TypeError, "node %R: %R is not callable",
+                         PyTuple_GET_ITEM(self->names, i), c);
+            goto done;
+        }
+        self->calls[i] = Py_NewRef(c);
+        self->nnodes = i + 1; /* traverse/clear see only filled entries */
+    }
+    status = 0;
+done:
+    Py_DECREF(seq);
+    return status;
+}
+
+/* Each node's argument slots (in_off, in_slot), one group per node. */
+static int
+read_arguments(ProgramObject *self, PyObject *inputs)
+{
+    Py_ssize_t n = self->nnodes;
+    if (read_groups(inputs, self->nslots, &self->in_off, &self->in_slot,
+                    "inputs must be a sequence of slot sequences") != n) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "inputs: expected %zd entries", n);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+/* The output counts per node as offsets (out_off); the total output count,
+ * or -1 with an exception. */
+static Py_ssize_t
+read_output_counts(ProgramObject *self, PyObject *noutputs)
+{
+    Py_ssize_t i, n = self->nnodes, total = 0, result = -1;
+    PyObject *counts = PySequence_Fast(noutputs, "noutputs must be a sequence");
+    if (counts == NULL) {
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(counts) != n) {
+        PyErr_Format(PyExc_ValueError, "noutputs: expected %zd entries", n);
+        goto done;
+    }
+    self->out_off = PyMem_New(Py_ssize_t, n + 1);
+    if (self->out_off == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        /* the item is borrowed from counts */
+        Py_ssize_t c = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(counts, i));
+        if (c < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "noutputs must be >= 0");
+            }
+            goto done;
+        }
+        if (c > PY_SSIZE_T_MAX - total) {
+            PyErr_SetString(PyExc_OverflowError, "noutputs: total output count too large");
+            goto done;
+        }
+        self->out_off[i] = total;
+        total += c;
+    }
+    self->out_off[n] = total;
+    result = total;
+done:
+    Py_DECREF(counts);
+    return result;
+}
+
+/* The destination slots of each of the total outputs (dst_off, dst_slot):
+ * at least one each. */
+static int
+read_destinations(ProgramObject *self, PyObject *dests, Py_ssize_t total)
+{
+    Py_ssize_t i;
+    if (read_groups(dests, self->nslots, &self->dst_off, &self->dst_slot,
+                    "dests must be a sequence of slot sequences") != total) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "dests: expected %zd entries", total);
+        }
+        return -1;
+    }
+    for (i = 0; i < total; i++) {
+        if (self->dst_off[i + 1] == self->dst_off[i]) {
+            PyErr_Format(PyExc_ValueError, "dests: output %zd has no destination", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The graph outputs (key, slot) and the staged feedback moves (from, to). */
+static int
+read_results_and_commits(ProgramObject *self, PyObject *results, PyObject *commits)
+{
+    self->nresults = read_pairs(results, self->nslots, &self->result_keys, NULL,
+                                &self->result_slot, "results");
+    if (self->nresults < 0) {
+        self->nresults = 0;
+        return -1;
+    }
+    self->ncommits = read_pairs(commits, self->nslots, NULL, &self->commit_from,
+                                &self->commit_to, "commits");
+    if (self->ncommits < 0) {
+        self->ncommits = 0;
+        return -1;
+    }
+    return 0;
+}
+
 /* Program(names, calls, inputs, noutputs, dests, results, commits,
  *         input_index, slot_keys, shapes, dtypes, graph_inputs, convert=None)
  *
@@ -211,173 +417,41 @@ tuple_of(PyObject *obj, Py_ssize_t expected, const char *what)
 PyObject *
 program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
-                      "results", "commits", "input_index", "slot_keys",
-                      "shapes", "dtypes", "graph_inputs", "convert", NULL};
+    static char *kwlist[] = {"names", "calls", "inputs", "noutputs", "dests",
+                             "results", "commits", "input_index", "slot_keys",
+                             "shapes", "dtypes", "graph_inputs", "convert", NULL};
+    /* all borrowed from args / kwds, which the caller holds during the call */
     PyObject *names, *calls, *inputs, *noutputs, *dests, *results, *commits;
     PyObject *index, *keys, *shapes, *dtypes, *ginputs, *convert = Py_None;
-    PyObject *seq = NULL, *counts = NULL;
     ProgramObject *self = NULL;
     PyObject *result = NULL;
-    Py_ssize_t i, n, total, pos = 0;
-    PyObject *k, *v; /* borrowed from self->input_index */
+    Py_ssize_t total;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO|O:Program", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOOO|O&:Program", kwlist,
                                      &names, &calls, &inputs, &noutputs, &dests,
                                      &results, &commits, &PyDict_Type, &index,
-                                     &keys, &shapes, &dtypes, &ginputs, &convert)) {
-        goto error;
-    }
-    if (convert != Py_None && !PyCallable_Check(convert)) {
-        PyErr_Format(PyExc_TypeError, "convert must be callable or None, got %R", convert);
-        goto error;
+                                     &keys, &shapes, &dtypes, &ginputs,
+                                     callable_or_none, &convert)) {
+        goto done;
     }
     self = (ProgramObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
-        goto error;
+        goto done;
     }
-    /* tp_alloc zeroed every field: the error path frees partial state. */
+    /* tp_alloc zeroed every field: on error the dealloc frees partial state. */
     self->convert = Py_NewRef(convert);
-    self->slot_keys = tuple_of(keys, -1, "slot_keys");
-    if (self->slot_keys == NULL) {
-        goto error;
-    }
-    self->nslots = PyTuple_GET_SIZE(self->slot_keys);
-    self->shapes = tuple_of(shapes, self->nslots, "shapes");
-    self->dtypes = tuple_of(dtypes, self->nslots, "dtypes");
-    self->names = tuple_of(names, -1, "names");
-    self->graph_inputs = PySequence_List(ginputs);
-    if (self->shapes == NULL || self->dtypes == NULL || self->names == NULL
-        || self->graph_inputs == NULL) {
-        goto error;
-    }
-    /* a private copy: the caller may change its dict after construction */
-    self->input_index = PyDict_Copy(index);
-    if (self->input_index == NULL) {
-        goto error;
-    }
-    while (PyDict_Next(self->input_index, &pos, &k, &v)) {
-        if (!PyUnicode_Check(k)) {
-            PyErr_Format(PyExc_TypeError, "input_index keys must be str, got %R", k);
-            goto error;
-        }
-        if (program_slot_index(v, self->nslots) < 0) {
-            goto error;
-        }
-    }
-    self->slots = PyMem_New(PyObject *, self->nslots > 0 ? self->nslots : 1);
-    if (self->slots == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (i = 0; i < self->nslots; i++) {
-        self->slots[i] = NULL;
-    }
-
-    /* callables */
-    seq = PySequence_Fast(calls, "calls must be a sequence");
-    if (seq == NULL) {
-        goto error;
-    }
-    n = PySequence_Fast_GET_SIZE(seq);
-    if (n != PyTuple_GET_SIZE(self->names)) {
-        PyErr_Format(PyExc_ValueError, "calls: expected %zd entries, got %zd",
-                     PyTuple_GET_SIZE(self->names), n);
-        goto error;
-    }
-    self->calls = PyMem_New(PyObject *, n > 0 ? n : 1);
-    if (self->calls == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (i = 0; i < n; i++) {
-        PyObject *c = PySequence_Fast_GET_ITEM(seq, i); /* borrowed */
-        if (!PyCallable_Check(c)) {
-            PyErr_Format(PyExc_TypeError, "node %R: %R is not callable",
-                         PyTuple_GET_ITEM(self->names, i), c);
-            goto error;
-        }
-        self->calls[i] = Py_NewRef(c);
-        self->nnodes = i + 1; /* traverse/clear see only filled entries */
-    }
-
-    /* argument slots */
-    if (read_groups(inputs, self->nslots, &self->in_off, &self->in_slot,
-                    "inputs must be a sequence of slot sequences") != n) {
-        if (!PyErr_Occurred()) {
-            PyErr_Format(PyExc_ValueError, "inputs: expected %zd entries", n);
-        }
-        goto error;
-    }
-
-    /* output counts -> out_off */
-    counts = PySequence_Fast(noutputs, "noutputs must be a sequence");
-    if (counts == NULL) {
-        goto error;
-    }
-    if (PySequence_Fast_GET_SIZE(counts) != n) {
-        PyErr_Format(PyExc_ValueError, "noutputs: expected %zd entries", n);
-        goto error;
-    }
-    self->out_off = PyMem_New(Py_ssize_t, n + 1);
-    if (self->out_off == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    total = 0;
-    for (i = 0; i < n; i++) {
-        Py_ssize_t c = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(counts, i));
-        if (c < 0) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_ValueError, "noutputs must be >= 0");
-            }
-            goto error;
-        }
-        if (c > PY_SSIZE_T_MAX - total) {
-            PyErr_SetString(PyExc_OverflowError, "noutputs: total output count too large");
-            goto error;
-        }
-        self->out_off[i] = total;
-        total += c;
-    }
-    self->out_off[n] = total;
-
-    /* destinations per output -> dst_off, dst_slot */
-    if (read_groups(dests, self->nslots, &self->dst_off, &self->dst_slot,
-                    "dests must be a sequence of slot sequences") != total) {
-        if (!PyErr_Occurred()) {
-            PyErr_Format(PyExc_ValueError, "dests: expected %zd entries", total);
-        }
-        goto error;
-    }
-    for (i = 0; i < total; i++) {
-        if (self->dst_off[i + 1] == self->dst_off[i]) {
-            PyErr_Format(PyExc_ValueError, "dests: output %zd has no destination", i);
-            goto error;
-        }
-    }
-
-    /* graph outputs and staged feedback */
-    self->nresults = read_pairs(results, self->nslots, &self->result_keys, NULL,
-                                &self->result_slot, "results");
-    if (self->nresults < 0) {
-        self->nresults = 0;
-        goto error;
-    }
-    self->ncommits = read_pairs(commits, self->nslots, NULL, &self->commit_from,
-                                &self->commit_to, "commits");
-    if (self->ncommits < 0) {
-        self->ncommits = 0;
-        goto error;
+    if (read_slot_tables(self, keys, shapes, dtypes, names, ginputs) < 0
+        || read_input_index(self, index) < 0
+        || read_calls(self, calls) < 0
+        || read_arguments(self, inputs) < 0
+        || (total = read_output_counts(self, noutputs)) < 0
+        || read_destinations(self, dests, total) < 0
+        || read_results_and_commits(self, results, commits) < 0) {
+        goto done;
     }
     result = (PyObject *)self;
     self = NULL;
-    goto done;
-error:
 done:
-    Py_XDECREF(seq);
-    Py_XDECREF(counts);
     Py_XDECREF(self);
     return result;
 }
-
