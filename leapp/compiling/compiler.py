@@ -357,7 +357,20 @@ def _closed_loop(staging: str, graph: str, entries: list, nodes: list, random_op
     return run_closed_loop(os.path.join(staging, f"{graph}.yaml"), entries,
                            {n.name: info(n).passes for n in nodes if n.name in exported},
                            random_ops, rtol, atol,
-                           any(e.external for e in exported.values()), analytics)
+                           any(e.external for e in exported.values()), analytics,
+                           {n.name: dict(info(n).changed_feedback) for n in nodes
+                            if info(n).changed_feedback})
+
+
+def _draws(node: Any) -> bool:
+    """Whether a node's exported graph holds a random op: one whose draws never reach
+    an output (an action sampled and discarded, rl_games' player) was pruned away."""
+    from .onnx_writer.emit import may_draw_random
+    module = info(node).graph_module
+    if module is None:
+        return True
+    return any(n.op == "call_function" and may_draw_random(n.target)
+               for n in module.module.graph.nodes)
 
 
 def _compilable(graph_configs: GraphConfigs | None,
@@ -399,7 +412,7 @@ def _validate_staged(nodes: list, entries: list, exported: dict, staging: str, g
     whole bundle closed-loop, each recorded in analytics: (results, failure or None, the
     closed-loop report or None)."""
     random_ops = {n.name: info(n).random_ops for n in nodes
-                  if n.name in exported and info(n).random_ops}
+                  if n.name in exported and info(n).random_ops and _draws(n)}
     closed = None
     with intra_op_threads(validation_threads(staging, [
             r.path for r in exported.values() if r.external and r.path])):

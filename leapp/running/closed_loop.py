@@ -74,8 +74,10 @@ class _Replay:
     """One replay: the manager over the staged bundle and the trace's ports."""
 
     def __init__(self, manager: Any, entries: Sequence[tuple], rtol: float,
-                 atol: float, analytics: Analytics) -> None:
+                 atol: float, analytics: Analytics, changed: dict) -> None:
         self.manager = manager
+        self.changed = changed  # node -> {input: why}: fed back changed outside the node
+        self.checked = 0        # feedback values compared with what their source gave
         self.analytics = analytics
         self.rtol, self.atol = rtol, atol
         self.inputs: dict[tuple[str, str], Any] = {}   # bundle (node, input) -> traced Port
@@ -135,8 +137,16 @@ class _Replay:
             source = self.source(port)
             if source is None or not _close(want, _traced(source, step - 1), self.rtol,
                                             self.atol):
+                why = self.changed.get(edge.dst_node, {}).get(port.name)
+                if why is not None:  # not a reset: the loop changed the value it fed back
+                    self.differ(step, edge.dst_node, edge.dst_port,
+                                f"feedback changed outside every node: {why}",
+                                self.manager.value_dict[edge.dst_node][edge.dst_port], want)
+                    return False
                 self.report.breaks.append(f"step {step}: {edge.target}")
                 self.manager.set_input_value(edge.dst_node, edge.dst_port, want)
+            else:
+                self.checked += 1
         return True
 
     def run_step(self, step: int) -> bool:
@@ -180,21 +190,30 @@ def _why_not(entries: Sequence[tuple], passes: dict, random_ops: dict) -> str | 
 def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
                     random_ops: dict, rtol: float, atol: float,
                     allow_external_paths: bool = False,
-                    analytics: Analytics | None = None) -> ClosedLoop:
+                    analytics: Analytics | None = None,
+                    changed: dict | None = None) -> ClosedLoop:
     """Replay the staged bundle at yaml_path over the traced steps.
 
     entries are the node checks' (node, SavedModel, input ports in model order,
     output ports); passes maps each node to its traced passes; random_ops the
     nodes with random ops; analytics gets the replay's entries (a failing step, or each
-    graph output's last step when every step passed).  Raises nothing the node checks
-    did not already.
+    graph output's last step when every step passed); changed maps a node to its inputs
+    that a later pass declared from a value computed outside every node from an output
+    (leapp.tracing: h = new.clamp(...) between steps): such a step is a difference, not
+    a reset.  A replay (or a skip) that leaves the bundle's feedback unchecked says so
+    at WARNING.  Raises nothing the node checks did not already.
     """
     if analytics is None:
         analytics = Analytics()
     section("Closed-loop validation")
     why = _why_not(entries, passes, random_ops)
     if why is not None:
-        logger.info("Closed-loop validation not run: %s.", why)
+        fed_back = any(port.src_node is not None for _, _, ins, _ in entries for port in ins)
+        (logger.warning if fed_back else logger.info)(
+            "Closed-loop validation not run: %s.%s", why,
+            " The bundle's feedback is not checked against the trace: the node checks "
+            "give each model its traced inputs, never what the bundle feeds back." if fed_back
+            else "")
         return ClosedLoop(skipped=why)
     steps = 1 + min((len(port.samples) for _, _, ins, outs in entries
                      for port in list(ins) + list(outs)), default=0)
@@ -206,7 +225,7 @@ def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
             f"the bundle does not load in InferenceManager: {type(exc).__name__}: {exc}"))
         logger.error("  [FAIL] %s", report.difference)
         return report
-    replay = _Replay(manager, entries, rtol, atol, analytics)
+    replay = _Replay(manager, entries, rtol, atol, analytics, changed or {})
     report = replay.report
     if replay.check_wiring():
         for step in range(steps):
@@ -225,6 +244,15 @@ def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
     else:
         for node, name in manager.graph.outputs:
             analytics.record(node, name + CLOSED_LOOP, steps - 1, True, rtol, atol)
-        logger.info("  [PASS] the bundle reproduced the trace for %d step%s closed-loop", steps,
-                    "s" if steps > 1 else "")
+        edges = manager.graph.feedback_edges()
+        if edges and steps > 1 and not replay.checked:
+            logger.warning(
+                "  Closed-loop validation checked no fed-back value: every traced step fed "
+                "%s a value other than its source's previous output (a reset, a mask, or "
+                "the value changed outside every node), so the bundle's feedback was never "
+                "compared with the loop that ran. Trace steps that feed back the node's own "
+                "output to check it.", ", ".join(sorted({e.target for e in edges})))
+        else:
+            logger.info("  [PASS] the bundle reproduced the trace for %d step%s closed-loop",
+                        steps, "s" if steps > 1 else "")
     return report
