@@ -22,7 +22,7 @@ from ..tracing.annotations import info
 from ..tracing.session_state import SESSION, SessionConfig
 from .threads import intra_op_threads, validation_threads
 from .torch_caches import release_export_caches
-from .._version import __implementation__, __version__  # noqa: F401
+from .._version import __version__
 from ..bundle.pipeline import Pipeline
 from ..bundle.semantics import GraphConfigs
 from .validation import SavedModel, run_validation
