@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 from ..bundle import log as _logging
 from ..bundle.log import PROGRESS, logger
+from ..tracing import escapes as _escapes
 from .result import verdict
 
 
@@ -245,8 +246,9 @@ class CompileProgress:
                    how, verdict)
         if node in self.one_pass and backend != NO_MODEL:
             logger.log(self.level, "    %s was traced on one pass only: validated on one "
-                       "sample, so branches and Python numbers read from traced values are "
-                       "unchecked (trace two passes; docs/tracing.md)", node)
+                       "sample, so branches, Python numbers read from traced values and "
+                       "state kept in Python between calls are unchecked%s (trace two "
+                       "passes; docs/tracing.md)", node, _escapes.one_pass_note(node))
 
     def close(self) -> None:
         """Take the bar down (it stays on screen, finished or where it stopped)."""

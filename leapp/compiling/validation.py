@@ -21,13 +21,16 @@ import torch
 from ..bundle.log import fatal, log_path, logger, section
 from ..models.load import load_node
 from ..bundle.pipeline import Node
+from ..tracing import escapes as _escapes
 from ..bundle.analytics import Analytics
 
 REENTRY_HINT = (
     "Sample 0 (initial trace) passed validation, but one or more re-entry samples failed. "
     "This pattern often means a value that changes across iterations was inlined as a "
     "constant during export. Consider declaring it with annotate.input_tensors() for this "
-    "node.")
+    "node. A value the node keeps for its next call (a recurrent hidden state in an "
+    "attribute) is state: declare it with annotate.state_tensors() and bind its new value "
+    "with annotate.update_state().")
 
 PERCENTILES = (("p50", 0.50), ("p75", 0.75), ("p90", 0.90), ("p99", 0.99), ("p995", 0.995))
 
@@ -258,10 +261,10 @@ def _validate_node(name: str, model: Any, inputs: Sequence[Any], outputs: Sequen
         passed.append(ok)
     hint = None
     if note is not None and not all(passed):
-        hint = note                   # random ops: no constant to blame
+        hint = note + _escapes.reentry_note(name)  # random ops (and state kept in Python)
         logger.warning("  %s", hint)
     elif passed[0] and not all(passed):
-        hint = REENTRY_HINT
+        hint = REENTRY_HINT + _escapes.reentry_note(name)  # state kept in Python, named
         logger.warning("  %s: %s", name, hint)
     if all(passed):
         count = len(examples)

@@ -95,6 +95,8 @@ class SessionAPI(NodeOutputs, DeclaredState):
 
     def _declare(self, node: _core.Node, values: dict, fields: dict, state: bool) -> Any:
         replaced: dict[tuple, Any] = {}
+        if not node.is_tracing:
+            _escapes.later_pass(node)  # what it reads of pass 1's kept values (escapes)
         for leaf in flatten(values, fields):
             array = leaf.value if isinstance(leaf.value, np.ndarray) else None
             if array is not None:  # NumPy inputs are declared as the tensor they view

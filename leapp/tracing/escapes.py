@@ -43,7 +43,11 @@ of a second pass refuses those.
 from __future__ import annotations
 
 import collections
+import dis
+import gc
 import inspect
+import types
+import weakref
 import os
 import sys
 from dataclasses import dataclass, field
@@ -53,6 +57,7 @@ import torch
 
 from .. import _core
 from ..bundle.log import fatal, logger
+from .node_info import info
 from .session_state import SESSION
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
@@ -83,20 +88,51 @@ class _Probes:
         self.hook: Any = None
         self.warned: set = set()
         self.session: Any = None
+        self.watch: Any = None  # the _Watch of the nodes in their second pass
+        self.named: set = set()  # (id(node), path) named when its first pass finished
 
 
 _PROBES = _Probes()
 
 
-def _user_site() -> tuple[str, int]:
-    """(file, line) of the nearest frame outside leapp and torch."""
+def _user_frame() -> tuple[tuple[str, int], Any]:
+    """((file, line), code object) of the nearest frame outside leapp and torch."""
     frame: Any = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(_PACKAGE_DIR + os.sep) or name.startswith(_TORCH_DIR + os.sep)):
-            return (name, frame.f_lineno)
+            return (name, frame.f_lineno), frame.f_code
         frame = frame.f_back
-    return ("<unknown>", 0)
+    return ("<unknown>", 0), None
+
+
+def _user_site() -> tuple[str, int]:
+    """(file, line) of the nearest frame outside leapp and torch."""
+    return _user_frame()[0]
+
+
+_LOADED: dict = {}  # code object -> the attribute names it loads
+
+
+def _loads(code: Any, name: str) -> int:
+    """How many times the function of code loads an attribute called name."""
+    if code is None:
+        return 0
+    loaded = _LOADED.get(code)
+    if loaded is None:
+        loaded = collections.Counter(ins.argval for ins in dis.get_instructions(code)
+                                     if ins.opname in ("LOAD_ATTR", "LOAD_METHOD"))
+        if len(_LOADED) > 4096:
+            _LOADED.clear()
+        _LOADED[code] = loaded
+    return loaded[name]
+
+
+def _reads_back(code: Any, name: str) -> bool:
+    """Whether the function whose code stored attribute name also loads an attribute of
+    that name (``out, self.h = self.rnn(x, self.h)``): what it stores, its next call
+    reads."""
+    return _loads(code, name) > 0
 
 
 def _has_tensor(value: Any) -> bool:
@@ -128,10 +164,10 @@ def _setattr(module: torch.nn.Module, name: str, value: Any) -> None:
         old = store[name] if store is not None and name in store else \
             module.__dict__.get(name)
         if _has_tensor(value) or _has_tensor(old):
-            site = _user_site()
+            site, code = _user_frame()
             buffer = store is not None and name in store
             for records in _live():
-                records.sets.append((module, name, old, value, site, buffer))
+                records.sets.append((module, name, old, value, site, buffer, code))
     _MODULE_SETATTR(module, name, value)
 
 
@@ -184,7 +220,7 @@ def _unhook() -> None:
 def begin(node: _core.Node) -> None:
     """A node starts its first pass: probe until it finishes."""
     if SESSION.config is not _PROBES.session:  # a new session: sites warned anew
-        _PROBES.session, _PROBES.warned = SESSION.config, set()
+        _PROBES.session, _PROBES.warned, _PROBES.named = SESSION.config, set(), set()
     if torch.nn.Module.__dict__["__setattr__"] is not _setattr:
         install()
     _live()
@@ -193,8 +229,10 @@ def begin(node: _core.Node) -> None:
 
 
 def reset() -> None:
-    """The session ends: probes removed, records dropped."""
+    """The session ends: probes removed, records dropped, no pass watched."""
     _unhook()
+    if _PROBES.watch is not None:
+        _pop_watch(_PROBES.watch)
     if torch.nn.Module.__dict__["__setattr__"] is _setattr:
         torch.nn.Module.__setattr__ = _MODULE_SETATTR  # type: ignore[method-assign]
 
@@ -209,9 +247,9 @@ def on_plain_write(func: Any, receiver: Any, args: tuple) -> None:
             records = _PROBES.open.get(id(carrier.node))
             if records is not None:
                 name = getattr(func, "__name__", None) or repr(func)
-                site = _user_site()  # one entry per receiver and site: a loop adds none
+                site, code = _user_frame()  # one entry per receiver and site: a loop adds none
                 records.writes[(id(receiver), name, site)] = (receiver, name, site,
-                                                              len(records.node.ops))
+                                                              len(records.node.ops), code)
             return
 
 
@@ -287,14 +325,14 @@ def _changed(old: Any, new: Any, versions: dict) -> bool:
             return False
 
 
-def _owner_of(tensor: Any, modules: Iterator[torch.nn.Module]) -> tuple[str, str] | None:
-    """(module class, attribute) of the module holding tensor, if one does."""
+def _owner_of(tensor: Any, modules: Iterator[torch.nn.Module]) -> tuple[Any, str] | None:
+    """(module, attribute) of the module holding tensor, if one does."""
     for module in modules:
         for store in (module.__dict__.get("_buffers") or {}, module.__dict__.get(
                 "_parameters") or {}, module.__dict__):
             for name, value in store.items():
                 if value is tensor:
-                    return type(module).__name__, name
+                    return module, name
     return None
 
 
@@ -338,6 +376,96 @@ def _report(kind: str, site: tuple[str, int], name: str, text: str, node: _core.
     logger.warning("%s", message)
 
 
+def _module_paths(called: dict) -> dict[int, str]:
+    """id(module) -> its path from the root module the node called (``RNNModel.rnn``): the
+    root's class, then attribute names.  A parent's pre-hook runs before its children's,
+    so the first module met of a tree is its root."""
+    paths: dict[int, str] = {}
+    for module in called.values():
+        if id(module) in paths:
+            continue
+        root = type(module).__name__
+        for prefix, sub in module.named_modules():
+            paths.setdefault(id(sub), f"{root}.{prefix}" if prefix else root)
+    return paths
+
+
+_NOT_WALKED = ("torch", "numpy", "builtins", "leapp", "typing", "collections", "functools",
+               "logging", "threading", "weakref", "abc", "enum")
+
+
+def _walked(obj: Any) -> bool:
+    """Whether obj is a plain object of user or library code whose attributes may hold a
+    value kept for the next call (not a module, type, function, or torch's own)."""
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                        types.BuiltinFunctionType, torch.nn.Module)):
+        return False
+    root = (type(obj).__module__ or "").partition(".")[0]
+    return root not in _NOT_WALKED and type(getattr(obj, "__dict__", None)) is dict
+
+
+def _kept_values(node: _core.Node, paths: dict[int, str], called: dict,
+                 skip: set) -> list[tuple[str, Any, int]]:
+    """(path, tensor, value id) of each value the node computed that is held by one of
+    its modules, their children, or a plain object reachable from them (a list, a dict,
+    an attribute of an attribute): not an input, declared state or a tracked buffer."""
+    node_info = info(node)
+    inputs = {port.vid for port in list(node.inputs) + list(node.trimmed_inputs)}
+    updates = {c.vid for c in map(_core.carrier_of, node_info.state_updates.values())
+               if c is not None}
+    found: list[tuple[str, Any, int]] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, depth: int) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            carrier = _core.carrier_of(obj)
+            if carrier is not None and carrier.node is node and carrier.vid not in inputs \
+                    and carrier.vid not in updates:
+                found.append((path, obj, carrier.vid))
+            return
+        if depth > 3:
+            return
+        if isinstance(obj, (list, tuple, collections.deque)):
+            for index, item in enumerate(list(obj)[:64]):
+                visit(item, f"{path}[{index}]", depth + 1)
+        elif isinstance(obj, dict):
+            for key, item in list(obj.items())[:64]:
+                if isinstance(key, (str, int)):
+                    visit(item, f"{path}[{key!r}]", depth + 1)
+        elif _walked(obj):
+            for key, item in list(vars(obj).items()):
+                visit(item, f"{path}.{key}", depth + 1)
+
+    modules: dict[int, torch.nn.Module] = {}
+    for module in called.values():
+        for sub in module.modules():
+            modules.setdefault(id(sub), sub)
+    for key, module in modules.items():
+        path = paths.get(key, type(module).__name__)
+        attributes = module.__dict__
+        for name, value in list((attributes.get("_buffers") or {}).items()):
+            if (key, name) not in skip:
+                visit(value, f"{path}.{name}", 1)
+        for name, value in list(attributes.items()):
+            if name not in _INTERNAL and not isinstance(value, torch.nn.Module) \
+                    and (key, name) not in skip:
+                visit(value, f"{path}.{name}", 1)
+    return found
+
+
+def _report_python(site: tuple[str, int], name: str, text: str, node: _core.Node) -> None:
+    """A value kept in Python, named at WARNING (strict refuses it at the next pass's
+    read, where there is proof: see later_pass)."""
+    key = ("python", site, name)
+    if key in _PROBES.warned:
+        return
+    _PROBES.warned.add(key)
+    logger.warning("Node '%s': %s: %s", node.name, text, _fix(node.name, name))
+
+
 def check(node: _core.Node) -> None:
     """The node finishes its first pass: name what escaped it (see the module doc)."""
     records = _PROBES.open.pop(id(node), None)
@@ -353,16 +481,32 @@ def check(node: _core.Node) -> None:
             constants = _constants(node)
         return _read(value, constants)
 
-    for module, name, old, new, site, buffer in records.sets:
-        # A registered buffer is state by definition: replaced by a value of the node, it
-        # is named without evidence that the node read it (a plain attribute needs that).
-        owner = f"{type(module).__name__}.{name}"
+    paths = _module_paths(records.called)
+    tracked = {(id(entry.owner), entry.attr) for tracker in info(node).trackers
+               for entry in tracker.tracked}
+
+    def path_of(module: torch.nn.Module, name: str) -> str:
+        return f"{paths.get(id(module), type(module).__name__)}.{name}"
+
+    for module, name, old, new, site, buffer, code in records.sets:
+        owner = path_of(module, name)
         where = f"{site[0]}:{site[1]}"
-        buffer = buffer and isinstance(old, torch.Tensor)
-        if _of_node(new, node) and not _of_node(old, node) and (buffer or read(old)):
-            _report("kept", site, name,
-                    f"{owner} is set at {where} to a value the node computed, for its next "
-                    f"call, and the node read the previous value of {owner}", node)
+        if _of_node(new, node) and not _of_node(old, node):
+            if (id(module), name) in tracked:
+                continue
+            if read(old) or _reads_back(code, name):
+                _PROBES.named.add((id(node), owner))  # a later pass's read: no 2nd warning
+            if read(old):
+                _report("kept", site, name,
+                        f"{owner} is set at {where} to a value the node computed, for its "
+                        f"next call, and the node read the previous value of {owner}", node)
+            elif _reads_back(code, name):
+                # Held nothing the node read (None before the first call, a buffer written
+                # for the first time): the code storing it reads it back on the next call.
+                _report_python(site, name,
+                               f"{owner} is set at {where} to a value the node computed, and "
+                               f"the code there reads {owner} back on its next call "
+                               f"(state kept in Python between calls)", node)
         elif not _of_node(new, node) and not _of_node(old, node) \
                 and _changed(old, new, records.versions) \
                 and (read(new) or read(old)):
@@ -377,17 +521,279 @@ def check(node: _core.Node) -> None:
                 site = _source_line(module, name)
                 kind = type(value).__name__
                 _report("history", site, name,
-                        f"the {kind} {type(module).__name__}.{name} (stored into at "
+                        f"the {kind} {path_of(module, name)} (stored into at "
                         f"{site[0]}:{site[1]}) keeps values the node computed, for its next "
                         f"call, next to values from earlier calls that the node read", node)
+    kept = info(node).kept
     modules = list(records.called.values()) + [entry[0] for entry in records.sets]
-    for receiver, op, site, before in records.writes.values():
+    for receiver, op, site, before, code in records.writes.values():
         holder = _owner_of(receiver, iter(modules))
-        if holder is None and not _read(receiver, _constants(node, before)):
-            continue  # a tensor the node made for itself (not read before the write)
-        held = f"the tensor {holder[0]}.{holder[1]}" if holder else \
+        # Read before the write: as a constant of the node, or by the code that writes it
+        # (self.smooth.copy_(0.9 * self.smooth + x) loads self.smooth twice).
+        if not _read(receiver, _constants(node, before)) \
+                and (holder is None or _loads(code, holder[1]) < 2):
+            if holder is not None:  # a module's tensor written, not read (yet): a later
+                # pass that reads it names it (a tensor written for the environment is not)
+                module, attr = holder
+                kept.append((path_of(module, attr), None, weakref.ref(receiver), site))
+            continue
+        if holder is not None:
+            _PROBES.named.add((id(node), path_of(*holder)))
+        held = f"the tensor {path_of(*holder)}" if holder else \
             "a tensor from outside the node that it read before"
         name = holder[1] if holder else "value"
         _report("write", site, name,
                 f"'{op}' at {site[0]}:{site[1]} writes a value of the node into {held}, "
                 f"which is neither an input nor tracked state of the node", node)
+    for path, value, vid in _kept_values(node, paths, records.called, tracked):
+        kept.append((path, vid, weakref.ref(value), None))
+
+
+# ---- a node's second pass: the values of its first pass that it reads again --------
+
+# Reads of a tensor's metadata, not of its values: they bake nothing into the graph.
+_METADATA = frozenset({"size", "dim", "numel", "ndimension", "nelement", "stride",
+                       "storage_offset", "is_contiguous", "is_floating_point", "is_complex",
+                       "element_size", "data_ptr", "get_device", "untyped_storage",
+                       "__len__", "__repr__", "__str__", "__format__", "__hash__"})
+# In-place ops that overwrite their first argument without reading it.
+_OVERWRITES = frozenset({"copy_", "fill_", "zero_", "__setitem__", "normal_", "uniform_"})
+# Properties that give the values (every other property read is metadata).
+_VALUE_PROPERTIES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+
+
+@dataclass
+class _Watched:
+    """One node in its second pass: its input value ids, and what pass 1 kept."""
+
+    node: Any
+    inputs: set
+    paths: dict   # value id -> path of a kept value of the node
+    ids: dict     # id(tensor) -> (path, weak reference): kept tensors without a carrier
+
+
+class _Watch(torch.overrides.TorchFunctionMode):
+    """Pushed while a node runs its second pass (leapp.tracing.annotations re-enters it
+    through later_pass, its output_tensors ends it): an op that reads a value the node
+    computed on its first pass and nobody declared is state kept in Python."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[int, _Watched] = {}
+        self.pushed = False
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if self.nodes:
+            _look(self, func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
+    """Whether this op reads a kept value of a watched node; named where it does."""
+    name = getattr(func, "__name__", "")
+    if name in _METADATA or (name == "__get__" and getattr(
+            getattr(func, "__self__", None), "__name__", None) not in _VALUE_PROPERTIES):
+        return
+    written = args[0] if name in _OVERWRITES and args else None
+    for tensor in _tensors((args, kwargs)):
+        if tensor is written:
+            continue  # copy_ / fill_ / x[k] = v write it, they do not read it
+        found = None
+        for watched in watch.nodes.values():
+            entry = watched.ids.get(id(tensor))
+            if entry is not None and entry[1]() is tensor:
+                found = (watched, entry[0], None)
+                break
+        if found is None:
+            carrier = _core.carrier_of(tensor)
+            if carrier is None or carrier.active or carrier.port is not None:
+                continue  # plain, still tracing, or published (feedback is declared)
+            watched = watch.nodes.get(id(carrier.node))
+            if watched is None or carrier.vid in watched.inputs or carrier.node.in_tail:
+                continue  # another node's, an input, or a late update being computed
+            found = (watched, watched.paths.get(carrier.vid), carrier.vid)
+        frame: Any = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR + os.sep):
+            frame = frame.f_back
+        if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+            return  # leapp's own reads (state_tensors describing a value)
+        _read_again(found[0].node, tensor, found[1], found[2],
+                    (frame.f_code.co_filename, frame.f_lineno))
+        return
+
+
+def _holder(tensor: Any) -> str | None:
+    """Where user code keeps tensor, for the message: ``PpoPlayerContinuous.states[0]``
+    (an attribute of an object, or an item of a list, tuple or dict held by one)."""
+    def owner_of(mapping: dict) -> str | None:
+        for obj in gc.get_referrers(mapping):
+            if getattr(obj, "__dict__", None) is mapping:
+                return type(obj).__name__
+        return None
+
+    def attribute(value: Any) -> str | None:
+        for mapping in gc.get_referrers(value):
+            if type(mapping) is dict:
+                owner = owner_of(mapping)
+                key = next((k for k, v in mapping.items() if v is value), None)
+                if owner is not None and isinstance(key, str):
+                    return f"{owner}.{key}"
+        return None
+
+    direct = attribute(tensor)
+    if direct is not None:
+        return direct
+    for container in gc.get_referrers(tensor):
+        if isinstance(container, (list, tuple)):
+            index = next((i for i, item in enumerate(container) if item is tensor), None)
+            held = attribute(container) if index is not None else None
+            if held is not None:
+                return f"{held}[{index}]"
+    return None
+
+
+def _state_name(path: str) -> str:
+    """The name a fix declares a kept value under: the last attribute of its path."""
+    last = path.split("[")[0].rsplit(".", 1)[-1]
+    return last if last.isidentifier() else "state"
+
+
+def _read_again(node: _core.Node, tensor: Any, path: str | None, vid: int | None,
+                site: tuple[str, int]) -> None:
+    """A later pass of node reads, at site, a value its first pass kept: warned once per
+    site and recorded for validation's hint; refused under strict."""
+    if path is None:
+        path = _holder(tensor)
+    node_info = info(node)
+    if any(seen[1:] == site for seen in node_info.kept_reads):
+        return
+    made = ""
+    if vid is not None:
+        op = next((record[0] for record in node.ops if record[3] == vid), None)
+        if op is not None:
+            made = f" by '{getattr(op, '__name__', None) or op!r}'"
+    shape = list(tensor.shape)
+    what = f"{path} (a tensor of shape {shape})" if path else f"a tensor of shape {shape}"
+    node_info.kept_reads.append((path or f"a tensor of shape {shape}", *site))
+    name = _state_name(path or "state")
+    message = (
+        f"Node '{node.name}': {what}, computed{made} on the node's previous pass and kept "
+        f"in Python, is read at {site[0]}:{site[1]} on this pass: state kept in Python "
+        f"between calls. The exported model holds the first pass's value as a constant, so "
+        f"the bundle never carries it from one call to the next. Fix: make it state of node "
+        f"'{node.name}': {name} = annotate.state_tensors('{node.name}', {{'{name}': "
+        f"{name}}}) before the node reads it (put the returned value where the code reads "
+        f"it) and annotate.update_state('{node.name}', {{'{name}': <new value>}}) with what "
+        f"the node computes for its next call (docs/tracing.md, 'State kept in Python').")
+    cfg = SESSION.config
+    if cfg is not None and cfg.strict:
+        fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
+              RuntimeError)
+    if not any((id(node), named) in _PROBES.named for named in _prefixes(path)):
+        logger.warning("%s", message)  # (named already when the first pass finished)
+
+
+def _prefixes(path: str | None) -> list[str]:
+    """path and the paths holding it: RNNModel.rnn.h[0] -> it, RNNModel.rnn.h, ..."""
+    if not path:
+        return []
+    found = [path]
+    while True:
+        cut = max(path.rfind("["), path.rfind("."))
+        if cut <= 0:
+            return found
+        path = path[:cut]
+        found.append(path)
+
+
+def later_pass(node: _core.Node) -> None:
+    """node is re-entered (an input of a later pass declared): on its second pass, the
+    values its first pass kept are watched until its output_tensors (end_later_pass)."""
+    node_info = info(node)
+    cfg = SESSION.config
+    if node_info.passes != 1 or node_info.private or cfg is None or cfg.dry_run:
+        return
+    watch = _PROBES.watch
+    if watch is None:
+        watch = _PROBES.watch = _Watch()
+    if id(node) in watch.nodes:
+        return
+    outputs = {port.vid for port in node.outputs}
+    paths: dict[int, str] = {}
+    ids: dict[int, tuple[str, Any]] = {}
+    for path, vid, ref, _site in node_info.kept:
+        value = ref()
+        if value is None or vid in outputs:
+            continue  # gone, or published: feedback when declared, validation otherwise
+        if vid is not None:
+            paths.setdefault(vid, path)
+        ids.setdefault(id(value), (path, ref))
+    watch.nodes[id(node)] = _Watched(
+        node, {port.vid for port in list(node.inputs) + list(node.trimmed_inputs)}, paths, ids)
+    if not watch.pushed:
+        watch.__enter__()
+        watch.pushed = True
+
+
+def end_later_pass(node: _core.Node) -> None:
+    """node's later pass ends (its output_tensors): no longer watched."""
+    watch = _PROBES.watch
+    if watch is None or watch.nodes.pop(id(node), None) is None or watch.nodes:
+        return
+    _pop_watch(watch)
+
+
+def _pop_watch(watch: _Watch) -> None:
+    watch.nodes.clear()
+    stack = torch.overrides._get_current_function_mode_stack()
+    if watch.pushed and stack and stack[-1] is watch:  # else another mode is above it:
+        watch.__exit__(None, None, None)               # it stays, idle, until then
+        watch.pushed = False
+
+
+# ---- what the compile says of them -------------------------------------------------
+
+def _kept_paths(node: _core.Node) -> list[str]:
+    """The kept values of node's first pass that are not published outputs."""
+    outputs = {port.vid for port in node.outputs}
+    return list(dict.fromkeys(path for path, vid, _ref, _site in info(node).kept
+                              if vid is None or vid not in outputs))
+
+
+def one_pass_note(name: str) -> str:
+    """For the one-pass note of compile_graph: the values node name kept in Python."""
+    node = _core.find_node(name)
+    if node is None or "leapp" not in node.info:
+        return ""
+    paths = _kept_paths(node)
+    if not paths:
+        return ""
+    shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+    return (f"; it keeps values it computed in Python ({shown}): if its next call reads "
+            f"them, they are state to declare with annotate.state_tensors and "
+            f"annotate.update_state")
+
+
+def reentry_note(name: str) -> str:
+    """For validation's hint when a later pass of node name failed: the values kept in
+    Python that a later pass read (or, none seen, that the first pass kept)."""
+    node = _core.find_node(name)
+    if node is None or "leapp" not in node.info:
+        return ""
+    node_info = info(node)
+    if node_info.kept_reads:
+        read = "; ".join(f"{path} read at {file}:{line}"
+                         for path, file, line in node_info.kept_reads[:4])
+        return (f" State kept in Python between calls was read again on a later pass: "
+                f"{read}. Declare it with annotate.state_tensors() before the node reads it "
+                f"and bind its new value with annotate.update_state() (docs/tracing.md, "
+                f"'State kept in Python').")
+    paths = _kept_paths(node)
+    if not paths:
+        return ""
+    return (f" The node keeps values it computed in Python ({', '.join(paths[:4])}); if it "
+            f"reads them on its next call, declare them with annotate.state_tensors() and "
+            f"annotate.update_state() (docs/tracing.md, 'State kept in Python').")
