@@ -126,7 +126,7 @@ def test_license_and_sdist_manifest():
 #: The stage packages (docs/architecture.md): each must reach the sdist and the wheel.
 STAGES = ("bundle", "tracing", "models", "compiling", "compiling/backends",
           "compiling/onnx_writer", "compiling/onnx_writer/rules", "running", "serving",
-          "visualization", "view", "utils")
+          "drawing", "drawing/png", "drawing/html", "utils")
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), reason="not a git checkout")
