@@ -244,7 +244,7 @@ def run_closed_loop(yaml_path: str, entries: Sequence[tuple], passes: dict,
     else:
         for node, name in manager.graph.outputs:
             analytics.record(node, name + CLOSED_LOOP, steps - 1, True, rtol, atol)
-        edges = manager.graph.feedback_edges()
+        edges = list(manager.graph.feedback_edges())
         if edges and steps > 1 and not replay.checked:
             logger.warning(
                 "  Closed-loop validation checked no fed-back value: every traced step fed "
