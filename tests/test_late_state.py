@@ -13,6 +13,7 @@ import torch
 import yaml
 
 import leapp
+from leapp.bundle import analytics
 from leapp import InferenceManager, annotate, _core
 
 STEPS = 8
@@ -122,10 +123,9 @@ def test_one_pass_after_step_is_feedback(tmp_path):
 def test_late_update_samples_are_validated(tmp_path):
     """Each later pass's sample waits for its late update: all passes validated."""
     yaml_path = export_loop(tmp_path, "jit", "after step", passes=4)
-    with open(os.path.join(os.path.dirname(yaml_path), "log.txt")) as f:
-        log = f.read()
-    for sample in range(4):
-        assert f'"output": "h", "passed": true, "rtol": 0.001, "sample": {sample}' in log
+    entries = analytics.read(os.path.dirname(yaml_path), "late")
+    checked = {e["sample"] for e in entries if e["output"] == "h" and e["passed"]}
+    assert checked == {0, 1, 2, 3}, entries
 
 
 def test_plain_update_after_output_tensors_is_refused(tmp_path):
