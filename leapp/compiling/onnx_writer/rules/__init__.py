@@ -2,4 +2,4 @@
 from __future__ import annotations
 
 from . import (activations, attention, casts, elementwise, linalg, recurrent,  # noqa: F401
-               reductions, shapes)
+               reductions, selection, shapes)
