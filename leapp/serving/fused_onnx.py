@@ -193,92 +193,116 @@ def build_onnx(the_plan: Plan, manager: Any, writer: bool = True,
     batched model's second try: the writer's graphs hold the traced shapes, robot
     dimension included); the nodes leapp's ONNX writer wrote are appended to
     ``written``."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    from ..compiling.onnx_callable import default_opset
-
-    onnx_opsets = [0]
-    for name in the_plan.order:
-        entry = manager.nodes[name]
-        if entry.backend == "onnx":
-            onnx_opsets.append(_ai_onnx_opset(onnx.load(entry.model_path,
-                                                         load_external_data=False)))
-    opset = max(max(onnx_opsets), default_opset())
-
-    nodes: list[Any] = []
-    initializers: list[Any] = []
-    value_infos: list[Any] = []
-    functions: list[Any] = []
-    opsets: dict[str, int] = {"": opset}
-    ir_version = 0
-    produced: dict[tuple[str, str], str] = {}  # (node, port) -> value name in the fused graph
+    opset = _asked_opset(the_plan, manager)
     models = [_node_model(name, manager.nodes[name], opset, writer, written)
               for name in the_plan.order]
     # An exporter may write a newer opset than asked for (torch 2.7's dynamo
     # exporter writes 18 at the least): the fused model takes the newest one,
     # since converting up is what the ONNX version converter does reliably.
-    opset = opsets[""] = max([opset] + [_ai_onnx_opset(m[0]) for m in models])
+    parts = _Parts(max([opset] + [_ai_onnx_opset(m[0]) for m in models]))
     for index, (name, (model, in_map, out_names)) in enumerate(zip(the_plan.order, models)):
+        parts.add_node(the_plan, index, name, manager.nodes[name], model, in_map, out_names)
+    parts.add_ends(the_plan)
+    return parts.model(the_plan)
+
+
+def _asked_opset(the_plan: Plan, manager: Any) -> int:
+    """The opset the fused model asks its converted nodes for: the newest of the bundle's
+    ONNX nodes and torch's default."""
+    import onnx
+
+    from ..compiling.onnx_callable import default_opset
+
+    opsets = [0]
+    for name in the_plan.order:
         entry = manager.nodes[name]
-        model = _to_opset(name, model, opset)
+        if entry.backend == "onnx":
+            opsets.append(_ai_onnx_opset(onnx.load(entry.model_path, load_external_data=False)))
+    return max(max(opsets), default_opset())
+
+
+class _Parts:
+    """The fused graph being assembled: every node's graph under its own prefix, fed by
+    Identity nodes from the graph inputs, states, constants or earlier nodes."""
+
+    def __init__(self, opset: int) -> None:
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self.value_infos: list[Any] = []
+        self.functions: list[Any] = []
+        self.opsets: dict[str, int] = {"": opset}
+        self.ir_version = 0
+        self.produced: dict[tuple[str, str], str] = {}  # (node, port) -> fused value name
+
+    def add_node(self, the_plan: Plan, index: int, name: str, entry: Any, model: Any,
+                 in_map: list, out_names: list) -> None:
+        """One node's model, converted to the fused opset, prefixed and wired."""
+        import onnx
+        from onnx import helper, numpy_helper
+
+        model = _to_opset(name, model, self.opsets[""])
         if len(out_names) != len(entry.output_names):
             fail(f"Node {quote(name)}: its model has {len(out_names)} outputs but the bundle "
-                  f"declares {len(entry.output_names)} ({quote(entry.output_names)}).")
+                 f"declares {len(entry.output_names)} ({quote(entry.output_names)}).")
         prefix = f"n{index}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}::"
         model = onnx.compose.add_prefix(model, prefix)
-        graph = model.graph
-        ir_version = max(ir_version, model.ir_version)
+        self.ir_version = max(self.ir_version, model.ir_version)
         for entry_opset in model.opset_import:
             domain = "" if entry_opset.domain == "ai.onnx" else entry_opset.domain
             if domain:
-                opsets[domain] = max(opsets.get(domain, 0), int(entry_opset.version))
+                self.opsets[domain] = max(self.opsets.get(domain, 0), int(entry_opset.version))
         for port, graph_input in zip(entry.input_names, in_map):
             if graph_input is None:
                 continue  # the exporter dropped it: nothing reads it
             kind, what = the_plan.feeds[name][port]
-            target = prefix + graph_input
             if kind in ("input", "state"):
                 source = what
             elif kind == "node":
-                source = produced[what]
+                source = self.produced[what]
             else:
                 source = f"leapp::constant::{index}::{port}"  # outside every prefix
-                initializers.append(numpy_helper.from_array(what.numpy(), source))
-            nodes.append(helper.make_node("Identity", [source], [target],
-                                          name=f"{prefix}feed::{port}"))
-        nodes.extend(graph.node)
-        initializers.extend(graph.initializer)
-        value_infos.extend(graph.value_info)
-        functions.extend(model.functions)
+                self.initializers.append(numpy_helper.from_array(what.numpy(), source))
+            self.nodes.append(helper.make_node("Identity", [source], [prefix + graph_input],
+                                               name=f"{prefix}feed::{port}"))
+        graph = model.graph
+        self.nodes.extend(graph.node)
+        self.initializers.extend(graph.initializer)
+        self.value_infos.extend(graph.value_info)
+        self.functions.extend(model.functions)
         for port, out in zip(entry.output_names, out_names):
-            produced[(name, port)] = prefix + out
+            self.produced[(name, port)] = prefix + out
 
-    outputs = []
-    for port, source in zip(the_plan.outputs, the_plan.outputs_from):
-        nodes.append(helper.make_node("Identity", [produced[source]], [port.name],
-                                      name=f"output::{port.name}"))
-        outputs.append(port)
-    for state in the_plan.states:
-        nodes.append(helper.make_node("Identity", [produced[state.source]], [state.output],
-                                      name=f"state::{state.output}"))
+    def add_ends(self, the_plan: Plan) -> None:
+        """The fused model's outputs and next states, each an Identity of its source."""
+        from onnx import helper
+        for port, source in zip(the_plan.outputs, the_plan.outputs_from):
+            self.nodes.append(helper.make_node("Identity", [self.produced[source]], [port.name],
+                                               name=f"output::{port.name}"))
+        for state in the_plan.states:
+            self.nodes.append(helper.make_node("Identity", [self.produced[state.source]],
+                                               [state.output], name=f"state::{state.output}"))
 
-    def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-        return helper.make_tensor_value_info(name, onnx_type(dtype), list(shape))
+    def model(self, the_plan: Plan) -> Any:
+        """The ModelProto: inputs then states in, outputs then states out, the plan's
+        metadata."""
+        from onnx import helper
 
-    graph = helper.make_graph(
-        nodes, f"{the_plan.pipeline}_fused",
-        [info(p.name, p.dtype, p.shape) for p in the_plan.inputs]
-        + [info(s.input, s.dtype, s.shape) for s in the_plan.states],
-        [info(p.name, p.dtype, p.shape) for p in outputs]
-        + [info(s.output, s.dtype, s.shape) for s in the_plan.states],
-        initializer=initializers, value_info=value_infos)
-    fused = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-        functions=functions, producer_name="leapp.fuse")
-    fused.ir_version = max(ir_version, 8)
-    helper.set_model_props(fused, {METADATA_KEY: json.dumps(the_plan.metadata())})
-    return fused
+        def info(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+            return helper.make_tensor_value_info(name, onnx_type(dtype), list(shape))
+
+        graph = helper.make_graph(
+            self.nodes, f"{the_plan.pipeline}_fused",
+            [info(p.name, p.dtype, p.shape) for p in the_plan.inputs]
+            + [info(s.input, s.dtype, s.shape) for s in the_plan.states],
+            [info(p.name, p.dtype, p.shape) for p in the_plan.outputs]
+            + [info(s.output, s.dtype, s.shape) for s in the_plan.states],
+            initializer=self.initializers, value_info=self.value_infos)
+        fused = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.opsets.items()],
+            functions=self.functions, producer_name="leapp.fuse")
+        fused.ir_version = max(self.ir_version, 8)
+        helper.set_model_props(fused, {METADATA_KEY: json.dumps(the_plan.metadata())})
+        return fused
 
 
 def save_onnx(model: Any, path: str, final: str) -> None:
