@@ -289,6 +289,16 @@ def _constants(node: _core.Node, end: int | None = None) -> tuple[set[int], set[
     return ids, memory
 
 
+def _computed(value: Any, node: _core.Node) -> bool:
+    """Whether value holds a value node computed (not one of its declared inputs)."""
+    inputs = {port.vid for port in list(node.inputs) + list(node.trimmed_inputs)}
+    for tensor in _tensors(value):
+        carrier = _core.carrier_of(tensor)
+        if carrier is not None and carrier.node is node and carrier.vid not in inputs:
+            return True
+    return False
+
+
 def _of_node(value: Any, node: _core.Node) -> bool:
     """Whether value holds a value of node (itself, or in a list, tuple or dict)."""
     for tensor in _tensors(value):
@@ -491,7 +501,7 @@ def check(node: _core.Node) -> None:
     for module, name, old, new, site, buffer, code in records.sets:
         owner = path_of(module, name)
         where = f"{site[0]}:{site[1]}"
-        if _of_node(new, node) and not _of_node(old, node):
+        if _computed(new, node) and not _of_node(old, node):
             if (id(module), name) in tracked:
                 continue
             if read(old) or _reads_back(code, name):
@@ -535,7 +545,7 @@ def check(node: _core.Node) -> None:
             if holder is not None:  # a module's tensor written, not read (yet): a later
                 # pass that reads it names it (a tensor written for the environment is not)
                 module, attr = holder
-                kept.append((path_of(module, attr), None, weakref.ref(receiver), site))
+                kept.append((path_of(module, attr), None, weakref.ref(receiver), site, None))
             continue
         if holder is not None:
             _PROBES.named.add((id(node), path_of(*holder)))
@@ -545,8 +555,11 @@ def check(node: _core.Node) -> None:
         _report("write", site, name,
                 f"'{op}' at {site[0]}:{site[1]} writes a value of the node into {held}, "
                 f"which is neither an input nor tracked state of the node", node)
+    made = {record[3]: record[0] for record in node.ops}  # before the node is pruned
     for path, value, vid in _kept_values(node, paths, records.called, tracked):
-        kept.append((path, vid, weakref.ref(value), None))
+        op = made.get(vid)
+        kept.append((path, vid, weakref.ref(value), None,
+                     None if op is None else getattr(op, "__name__", None) or repr(op)))
 
 
 # ---- a node's second pass: the values of its first pass that it reads again --------
@@ -661,20 +674,19 @@ def _state_name(path: str) -> str:
     return last if last.isidentifier() else "state"
 
 
-def _read_again(node: _core.Node, tensor: Any, path: str | None, vid: int | None,
+def _read_again(node: _core.Node, tensor: Any, kept: tuple | None, vid: int | None,
                 site: tuple[str, int]) -> None:
-    """A later pass of node reads, at site, a value its first pass kept: warned once per
-    site and recorded for validation's hint; refused under strict."""
-    if path is None:
-        path = _holder(tensor)
+    """A later pass of node reads, at site, a value its first pass kept ((path, the op
+    that made it) when its first pass found where): warned once per site and recorded
+    for validation's hint; refused under strict."""
     node_info = info(node)
     if any(seen[1:] == site for seen in node_info.kept_reads):
         return
-    made = ""
-    if vid is not None:
-        op = next((record[0] for record in node.ops if record[3] == vid), None)
-        if op is not None:
-            made = f" by '{getattr(op, '__name__', None) or op!r}'"
+    path, op = kept if kept is not None else (_holder(tensor), None)
+    if op is None and vid is not None:
+        record = next((record[0] for record in node.ops if record[3] == vid), None)
+        op = None if record is None else getattr(record, "__name__", None) or repr(record)
+    made = f" by '{op}'" if op else ""
     shape = list(tensor.shape)
     what = f"{path} (a tensor of shape {shape})" if path else f"a tensor of shape {shape}"
     node_info.kept_reads.append((path or f"a tensor of shape {shape}", *site))
@@ -724,13 +736,13 @@ def later_pass(node: _core.Node) -> None:
     outputs = {port.vid for port in node.outputs}
     paths: dict[int, str] = {}
     ids: dict[int, tuple[str, Any]] = {}
-    for path, vid, ref, _site in node_info.kept:
+    for path, vid, ref, _site, op in node_info.kept:
         value = ref()
         if value is None or vid in outputs:
             continue  # gone, or published: feedback when declared, validation otherwise
         if vid is not None:
-            paths.setdefault(vid, path)
-        ids.setdefault(id(value), (path, ref))
+            paths.setdefault(vid, (path, op))
+        ids.setdefault(id(value), ((path, op), ref))
     watch.nodes[id(node)] = _Watched(
         node, {port.vid for port in list(node.inputs) + list(node.trimmed_inputs)}, paths, ids)
     if not watch.pushed:
@@ -759,7 +771,7 @@ def _pop_watch(watch: _Watch) -> None:
 def _kept_paths(node: _core.Node) -> list[str]:
     """The kept values of node's first pass that are not published outputs."""
     outputs = {port.vid for port in node.outputs}
-    return list(dict.fromkeys(path for path, vid, _ref, _site in info(node).kept
+    return list(dict.fromkeys(path for path, vid, _ref, _site, _op in info(node).kept
                               if vid is None or vid not in outputs))
 
 
