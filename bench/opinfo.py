@@ -796,8 +796,26 @@ def select_ops(db, ops=None, shard=None, reverse=False):
     return sorted(chosen, key=lambda op: zlib.crc32(op_key(op).encode()), reverse=reverse)
 
 
+# A worker's data segment: eager given a wide integer as a size (bincount, one_hot,
+# repeat_interleave) asks for gigabytes; capped, the allocation raises (the input is
+# then not checked) instead of the machine's OOM killer ending the worker.
+WORKER_MEMORY = 6 << 30
+
+
+def limit_memory(limit=WORKER_MEMORY):
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (ImportError, ValueError, OSError):  # not on this platform: unbounded
+        pass
+
+
 def worker(args):
     """Run the chosen ops, one JSON line per sample begun and finished."""
+    limit_memory()
     import logging
     import warnings
     warnings.simplefilter("ignore")
