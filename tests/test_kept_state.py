@@ -80,6 +80,7 @@ class GRUPolicy(torch.nn.Module):
         self.rnn = torch.nn.GRU(3, 5, batch_first=True)
         self.head = torch.nn.Linear(5, 2)
         self.hidden = None
+        self.eval()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, self.hidden = self.rnn(x.unsqueeze(1), self.hidden)  # kept

@@ -585,6 +585,27 @@ class _Watched:
     ids: dict     # id(tensor) -> (path, weak reference): kept tensors without a carrier
 
 
+# The mode's __torch_function__ calls every op of the pass, so its frame sits between
+# the user's code and torch: leapp's frame walkers (a guard's site, the user's line)
+# skip torch's frames and stop at leapp's.  Compiled under a name inside torch's
+# directory, the trampoline is skipped like torch's own frames.
+_TRAMPOLINE = """
+def __torch_function__(self, func, types, args=(), kwargs=None):
+    if kwargs is None:
+        kwargs = {}
+    if self.nodes:
+        look(self, func, args, kwargs)
+    return func(*args, **kwargs)
+"""
+
+
+def _trampoline() -> Any:
+    namespace: dict = {"look": lambda *a: _look(*a)}
+    exec(compile(_TRAMPOLINE, os.path.join(_TORCH_DIR, "<leapp: a second pass watched>"),
+                 "exec"), namespace)
+    return namespace["__torch_function__"]
+
+
 class _Watch(torch.overrides.TorchFunctionMode):
     """Pushed while a node runs its second pass (leapp.tracing.annotations re-enters it
     through later_pass, its output_tensors ends it): an op that reads a value the node
@@ -595,13 +616,7 @@ class _Watch(torch.overrides.TorchFunctionMode):
         self.nodes: dict[int, _Watched] = {}
         self.pushed = False
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        if self.nodes:
-            _look(self, func, args, kwargs)
-        return func(*args, **kwargs)
+    __torch_function__ = _trampoline()
 
 
 def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
