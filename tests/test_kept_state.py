@@ -242,7 +242,8 @@ def test_rsl_rl_recurrent_declared_replays_10_steps(bundle, jit_disabled, backen
             with torch.inference_mode():
                 obs = rsl.observations(step).clone()
                 obs["policy"] = annotate.input_tensors("actor", {"policy": obs["policy"]})
-                h, c = actor.get_hidden_state() or (torch.zeros(1, 1, 16),) * 2
+                zeros = (torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
+                h, c = actor.get_hidden_state() or zeros
                 actor.rnn.hidden_state = annotate.state_tensors("actor", {"h": h, "c": c})
                 actions = actor(obs)
                 h, c = actor.get_hidden_state()
