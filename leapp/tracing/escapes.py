@@ -33,12 +33,23 @@ Each is named once per site at WARNING (refused under
 ``leapp.start(strict=True)``) with the fix: declared state
 (``annotate.state_tensors`` / ``annotate.update_state``) or a buffer of a
 module under ``annotate.module``.  A value stored and never read back by the
-node (kept for logging) is not named.  What the probes cannot see: Python
-numbers (an int counter), a counter updated in place under
-``torch.inference_mode`` (its tensors keep no version), objects that are not
-``nn.Module``\\ s, and a
-place that held nothing the node read on the first pass (``None``): validation
-of a second pass refuses those.
+node (kept for logging) is not named.
+
+State kept in Python: a value the node computed, set on a module attribute
+that held nothing the node read (``None`` before the first call) by code that
+also reads that attribute (``out, self.h = self.rnn(x, self.h)``), is named at
+WARNING with its path from the root module the node called
+(``RNNModel.rnn.hidden_state``).  Every value the node computed and left on its
+modules, their children or plain objects they hold is noted
+(``NodeInfo.kept``): compile_graph's one-pass note lists them.  On the node's
+second pass (:func:`later_pass` to :func:`end_later_pass`) a torch function
+mode watches its ops: one that reads a value of the first pass, neither
+published nor declared (wherever it was kept: rl_games' ``player.states`` too),
+is named with the line that read it (refused under strict) and recorded
+(``NodeInfo.kept_reads``) for validation's hint.  What the probes cannot see:
+Python numbers (an int counter) and a counter updated in place under
+``torch.inference_mode`` (its tensors keep no version): validation of a second
+pass refuses those.
 """
 from __future__ import annotations
 
@@ -581,8 +592,8 @@ class _Watched:
 
     node: Any
     inputs: set
-    paths: dict   # value id -> path of a kept value of the node
-    ids: dict     # id(tensor) -> (path, weak reference): kept tensors without a carrier
+    paths: dict   # value id -> (path, op) of a kept value of the node
+    ids: dict     # id(tensor) -> ((path, op), weak reference) of a kept tensor
 
 
 # The mode's __torch_function__ calls every op of the pass, so its frame sits between
@@ -629,7 +640,7 @@ def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
     for tensor in _tensors((args, kwargs)):
         if tensor is written:
             continue  # copy_ / fill_ / x[k] = v write it, they do not read it
-        found = None
+        found: tuple[_Watched, tuple | None, int | None] | None = None
         for watched in watch.nodes.values():
             entry = watched.ids.get(id(tensor))
             if entry is not None and entry[1]() is tensor:
@@ -639,10 +650,10 @@ def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
             carrier = _core.carrier_of(tensor)
             if carrier is None or carrier.active or carrier.port is not None:
                 continue  # plain, still tracing, or published (feedback is declared)
-            watched = watch.nodes.get(id(carrier.node))
-            if watched is None or carrier.vid in watched.inputs or carrier.node.in_tail:
+            owner = watch.nodes.get(id(carrier.node))
+            if owner is None or carrier.vid in owner.inputs or carrier.node.in_tail:
                 continue  # another node's, an input, or a late update being computed
-            found = (watched, watched.paths.get(carrier.vid), carrier.vid)
+            found = (owner, owner.paths.get(carrier.vid), carrier.vid)
         frame: Any = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR + os.sep):
             frame = frame.f_back
@@ -749,8 +760,8 @@ def later_pass(node: _core.Node) -> None:
     if id(node) in watch.nodes:
         return
     outputs = {port.vid for port in node.outputs}
-    paths: dict[int, str] = {}
-    ids: dict[int, tuple[str, Any]] = {}
+    paths: dict[int, tuple] = {}
+    ids: dict[int, tuple[tuple, Any]] = {}
     for path, vid, ref, _site, op in node_info.kept:
         value = ref()
         if value is None or vid in outputs:
