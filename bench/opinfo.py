@@ -951,13 +951,22 @@ def orchestrate(args):
     lines = _read_lines(lines_path)
     census["meta"]["complete"] = bool(lines and lines[-1].get("finished")) or any(
         (lambda ls: bool(ls and ls[-1].get("finished")))(_read_lines(p))
-        for p in args.merge or [])
+        for p in args.merge or []) or (args.census_only and _covered(args, records))
     with open(out, "w") as f:
         json.dump(census, f, indent=1)
     if not args.quiet:
         sys.stdout.write("\n")
     print(summary_table(census))
     return census
+
+
+def _covered(args, records):
+    """Whether the records hold every chosen op that has one of the chosen dtypes (runs
+    joined with --merge that met in the middle)."""
+    wanted = set(args.dtypes.split(","))
+    ops = {op_key(op) for op in select_ops(load_op_db(), args.ops, parse_shard(args.shard))
+           if wanted & {str(d).replace("torch.", "") for d in op.supported_dtypes("cpu")}}
+    return ops <= {r["op"] for r in records}
 
 
 def _progress(lines_path):
