@@ -59,20 +59,17 @@ import gc
 import inspect
 import types
 import weakref
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
 from .. import _core
+from . import frames
 from ..bundle.log import fatal, logger
 from .node_info import info
 from .session_state import SESSION
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _MODULE_SETATTR = torch.nn.Module.__dict__["__setattr__"]
 # nn.Module's own bookkeeping attributes: never user state.
 _INTERNAL = frozenset(vars(torch.nn.Module()))
@@ -108,18 +105,13 @@ _PROBES = _Probes()
 
 def _user_frame() -> tuple[tuple[str, int], Any]:
     """((file, line), code object) of the nearest frame outside leapp and torch."""
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(_PACKAGE_DIR + os.sep) or name.startswith(_TORCH_DIR + os.sep)):
-            return (name, frame.f_lineno), frame.f_code
-        frame = frame.f_back
-    return ("<unknown>", 0), None
+    frame = frames.user_frame(1)
+    return frames.site(frame), (frame.f_code if frame is not None else None)
 
 
 def _user_site() -> tuple[str, int]:
     """(file, line) of the nearest frame outside leapp and torch."""
-    return _user_frame()[0]
+    return frames.user_site(1)
 
 
 _LOADED: dict = {}  # code object -> the attribute names it loads
@@ -596,27 +588,6 @@ class _Watched:
     ids: dict     # id(tensor) -> ((path, op), weak reference) of a kept tensor
 
 
-# The mode's __torch_function__ calls every op of the pass, so its frame sits between
-# the user's code and torch: leapp's frame walkers (a guard's site, the user's line)
-# skip torch's frames and stop at leapp's.  Compiled under a name inside torch's
-# directory, the trampoline is skipped like torch's own frames.
-_TRAMPOLINE = """
-def __torch_function__(self, func, types, args=(), kwargs=None):
-    if kwargs is None:
-        kwargs = {}
-    if self.nodes:
-        look(self, func, args, kwargs)
-    return func(*args, **kwargs)
-"""
-
-
-def _trampoline() -> Any:
-    namespace: dict = {"look": lambda *a: _look(*a)}
-    exec(compile(_TRAMPOLINE, os.path.join(_TORCH_DIR, "<leapp: a second pass watched>"),
-                 "exec"), namespace)
-    return namespace["__torch_function__"]
-
-
 class _Watch(torch.overrides.TorchFunctionMode):
     """Pushed while a node runs its second pass (leapp.tracing.annotations re-enters it
     through later_pass, its output_tensors ends it): an op that reads a value the node
@@ -627,7 +598,16 @@ class _Watch(torch.overrides.TorchFunctionMode):
         self.nodes: dict[int, _Watched] = {}
         self.pushed = False
 
-    __torch_function__ = _trampoline()
+    # torch calls it for every op of the pass, between the user's code and torch's own
+    # frames: the frame walkers (a guard's site, the user's line) skip it as torch's
+    @frames.seen_as_torch
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if self.nodes:
+            _look(self, func, args, kwargs)
+        return func(*args, **kwargs)
 
 
 def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
@@ -654,13 +634,14 @@ def _look(watch: _Watch, func: Any, args: tuple, kwargs: dict) -> None:
             if owner is None or carrier.vid in owner.inputs or carrier.node.in_tail:
                 continue  # another node's, an input, or a late update being computed
             found = (owner, owner.paths.get(carrier.vid), carrier.vid)
-        frame: Any = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR + os.sep):
-            frame = frame.f_back
-        if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+        for frame in frames.outward(1):  # _look <- __torch_function__ <- the op's caller
+            if not frames.in_torch(frame):
+                break
+        else:
+            frame = None
+        if frame is None or frames.in_leapp(frame):
             return  # leapp's own reads (state_tensors describing a value)
-        _read_again(found[0].node, tensor, found[1], found[2],
-                    (frame.f_code.co_filename, frame.f_lineno))
+        _read_again(found[0].node, tensor, found[1], found[2], frames.site(frame))
         return
 
 

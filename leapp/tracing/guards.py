@@ -34,11 +34,10 @@ import torch
 
 from .. import _core
 from ..bundle.log import fatal, logger
+from . import frames
 from .node_info import NodeInfo, info
 from .script import script_site
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 # Conversions of a value into Python: always a guard.
 _CONVERSIONS = {
@@ -113,34 +112,30 @@ def _site() -> tuple[str, int] | None:
     user's: its site is that instruction's source line, with the callable and
     the call site as a third item.
     """
-    try:
-        frame: Any = sys._getframe(2)  # _site <- on_conversion <- the converting code
-    except ValueError:
-        return None
     validation = False
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_TORCH_DIR):
+    frame = None
+    for frame in frames.outward(2):  # _site <- on_conversion <- the converting code
+        if not frames.in_torch(frame):
             break
+        name = frame.f_code.co_filename
         if frame.f_code.co_name in ("__format__", "__repr__", "__str__") \
                 or name.endswith("_tensor_str.py"):
             return None
         validation = validation or (name == _DISTRIBUTION_FILE
                                     and frame.f_code.co_name in _VALIDATING)
-        frame = frame.f_back
-    if frame is None:
+    else:
         return None
-    if frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+    if frames.in_leapp(frame):
         return script_site() if frame.f_code.co_filename == _SCRIPT_FILE else None
     if validation:
-        return (frame.f_code.co_filename, frame.f_lineno, _VALIDATION)
-    return (frame.f_code.co_filename, frame.f_lineno)
+        return frames.site(frame) + (_VALIDATION,)
+    return frames.site(frame)
 
 
 _SCRIPT_FILE = sys.modules[script_site.__module__].__file__
 #: torch.distributions' argument checks (Distribution(validate_args=...)): their bool()
 #: raises or passes and decides nothing the node computes
-_DISTRIBUTION_FILE = os.path.join(_TORCH_DIR, "distributions", "distribution.py")
+_DISTRIBUTION_FILE = os.path.join(frames.TORCH_DIR, "distributions", "distribution.py")
 _VALIDATING = frozenset({"__init__", "_validate_sample"})
 _VALIDATION = "torch.distributions argument validation"
 
@@ -524,7 +519,7 @@ def _later_pass(first: _core.Node, node_info: NodeInfo, site: tuple, what: str,
     if guard is not None and count < len(guard.values) and _same(guard.values[count], value):
         return
     if guard is None or count >= len(guard.values):
-        seen = (f"the first pass never read a value there"
+        seen = ("the first pass never read a value there"
                 if guard is None else
                 f"the first pass read {len(guard.values)} value(s) there, this pass more")
     else:

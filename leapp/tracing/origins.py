@@ -6,15 +6,13 @@ only as re-executed code would (a notebook cell run again), the error says so.
 """
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 from .. import _core
 from ..bundle.log import fatal
+from . import frames
 from .node_info import info
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
 
 RERUN_HINT = (
     "\nThis looks like edited code run again (e.g. a notebook cell): the node keeps the "
@@ -23,12 +21,7 @@ RERUN_HINT = (
 
 def call_site() -> tuple:
     """(file, line) of the nearest frame outside the leapp package."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
-        frame = frame.f_back
-    if frame is None:
-        return ("<unknown>", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
+    return frames.user_site(1, torch_too=False)
 
 
 def check_origin(node: _core.Node, origin: Any) -> None:

@@ -25,18 +25,14 @@ the user's file and line, and the fix.
 from __future__ import annotations
 
 import linecache
-import os
 import re
-import sys
 from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import _core
+from . import frames
 from .numpy_array import holds_active
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # leapp/
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 SCRIPT_TYPES = (torch._C.ScriptMethod, torch._C.ScriptFunction)
 
@@ -86,13 +82,7 @@ def script_site() -> tuple | None:
 
 def user_site() -> tuple[str, int]:
     """(file, line) of the nearest frame outside leapp and torch."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_PACKAGE_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)):
-            return (frame.f_code.co_filename, frame.f_lineno)
-        frame = frame.f_back
-    return ("<unknown>", 0)
+    return frames.user_site(1)
 
 
 def describe(func: Any) -> str:
