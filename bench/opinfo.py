@@ -402,8 +402,10 @@ def compare(ref, got, ref64=None, overflow=0.0):
                 return "%d of %d bools differ" % (int(bad.sum()), r.numel())
             return None
         bad = (g.long() != r.long()) if r.dtype != torch.uint8 else (g != r)
-        if bool(bad.any()):
-            diff = (g.double() - r.double()).abs().max().item()
+        if bool(bad.any()):  # Python ints: a double cannot tell int64s 64 apart
+            flat = bad.reshape(-1)
+            diff = max(abs(int(a) - int(b)) for a, b in zip(g.reshape(-1)[flat].tolist(),
+                                                            r.reshape(-1)[flat].tolist()))
             k = int(bad.reshape(-1).nonzero()[0])
             return "%d of %d integers differ, max abs diff %s (eager %s, onnx %s)" % (
                 int(bad.sum()), r.numel(), _fmt(diff), r.reshape(-1)[k].item(),
@@ -682,9 +684,14 @@ def run_sample(op, dtype, index, sample, workdir, leapp=None):
                 len(got), len(expected))})
             continue
         ref64 = None
-        overflow = max([LARGE.get(str(t.dtype).replace("torch.", ""), 0.0)
-                        for t in inputs if t.is_floating_point()] or [0.0]) \
-            if kind.startswith("large") else 0.0
+        overflow = 0.0
+        if kind.startswith("large"):
+            overflow = max([LARGE.get(str(t.dtype).replace("torch.", ""), 0.0)
+                            for t in inputs if t.is_floating_point()] or [0.0])
+        elif kind.startswith("int_"):  # integers of up to 2**63 in a float result
+            overflow = max([float(t.double().abs().max()) for t in inputs
+                            if t.numel() and not t.is_floating_point() and t.dtype != torch.bool]
+                           or [0.0])
         for k, (e, g) in enumerate(zip(expected, got)):
             if k == 1 and op.name in TIE_ORDERED and _selects_the_same(inputs[0], g,
                                                                         expected[0]):
