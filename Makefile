@@ -169,11 +169,13 @@ fuzz-writers: build
 # to $(OPINFO_OUT)/{ours,torch,upstream}.json, the three-way report to
 # $(OPINFO_OUT)/report.md; docs/backends.md's section is
 # `bench/opinfo.py --markdown ours.json torch.json upstream.json`.
-# tests/test_opinfo.py runs the hard-case ops of it in `make test`.
+# OPINFO_OPS=fmax,sort limits the run to those ops.  tests/test_opinfo.py runs the
+# hard-case ops of it in `make test`.
 OPINFO_OUT ?= build/opinfo
 OPINFO_LIMIT ?= 2
 OPINFO_DTYPES ?= float32,float16,int64,int32,bool
-OPINFO_ARGS = --dtypes $(OPINFO_DTYPES) --limit-per-op $(OPINFO_LIMIT) --quiet
+OPINFO_ARGS = --dtypes $(OPINFO_DTYPES) --limit-per-op $(OPINFO_LIMIT) --quiet \
+	$(if $(OPINFO_OPS),--ops $(OPINFO_OPS),)
 opinfo: build upstream-venv
 	@.compat-venv/bin/python -c "import expecttest" 2>/dev/null || \
 		.compat-venv/bin/python -m pip install -q --disable-pip-version-check \
