@@ -744,7 +744,8 @@ def test_byom_without_model_path(tmp_path, caplog):
         "parameters"]
     assert params["model_path"] is None and params["md5sum"] is None
     assert params["sha256sum"] is None and params["backend"] is None
-    assert sorted(os.listdir(tmp_path / "bundles" / "byom")) == ["byom.yaml", "log.txt"]
+    assert sorted(os.listdir(tmp_path / "bundles" / "byom")) == [
+        "byom.yaml", "byom_analytics.json", "log.txt"]
 
 
 # ---------------------------------------------------------------------------

@@ -296,6 +296,10 @@ def test_inspect_and_view_show_the_catalogue(semantics_bundle, tmp_path, capsys)
         "    out  offset/shifted: float32[1x11]\n"
         "    out  offset/bias: float32[3]\n"
         "feedback ports (0):\n"
+        "validation analytics (semantics_static_analytics.json, 17 check(s)):\n"
+        "  observe: 2/2 passed, max abs error 0.000e+00\n"
+        "  act: 9/9 passed, max abs error 0.000e+00\n"
+        "  offset: 6/6 passed, max abs error 0.000e+00\n"
         "checksums: ok\n")
     page_path = str(tmp_path / "view.html")
     assert cli_main(["view", semantics_bundle, "-o", page_path]) == 0
