@@ -20,7 +20,9 @@ and writes OUT/<name>/<name>.yaml), under both interpreters:
    incremental-compile manifest aside).  Text
    identity after masking hashes and system information is reported as
    information only.
-   Our interactive view (<graph>.html) is set aside with the PNG.
+   Our interactive view (<graph>.html) is set aside with the PNG, and so are
+   our validation analytics (<graph>_analytics.json): what the compile found,
+   not part of the format.
 2. The initial-values safetensors: same keys, equal tensors (dtype, shape,
    values).
 3. Inference: fixed inputs (seeded, from the YAML's graph inputs) for 5
@@ -264,7 +266,7 @@ def bundle_files(yaml_path):
     d = os.path.dirname(yaml_path)
     return sorted(f for f in os.listdir(d)
                   if not f.startswith("log") and not f.endswith((".png", ".html"))
-                  and f != INCREMENTAL_MANIFEST)
+                  and f != INCREMENTAL_MANIFEST and not f.endswith("_analytics.json"))
 
 
 # --------------------------------------------------------------------------
