@@ -51,7 +51,7 @@ class BufferTracker:
             with torch._C.DisableTorchFunctionSubclass():
                 carrier_value = buffer.detach()
             leaf = Leaf(entry.name, carrier_value, None, (entry.name,))
-            entry.traced = api._new_input(node, leaf, state=True)
+            entry.traced = api.inputs.new_input(node, leaf, state=True)
             info(node).states[entry.name] = node.inputs[-1]
             owner._buffers[attr] = entry.traced
             self.tracked.append(entry)
@@ -103,8 +103,8 @@ class BufferTracker:
             if entry.constant or port is None:
                 continue
             current = entry.owner._buffers.get(entry.attr)
-            api._check_same(node, port, Leaf(entry.name, current, None, (entry.name,)))
-            api._cache(node, port, current)
+            api.inputs.check_same(node, port, Leaf(entry.name, current, None, (entry.name,)))
+            api.inputs.cache(node, port, current)
             self.reentered.append(entry)
 
     def collect_reentry(self, api: Any, node: _core.Node) -> None:

@@ -33,7 +33,7 @@ def call_method(api: Any, method: Any, args: tuple, kwargs: dict) -> Any:
     node_name = options.get("node_name") or getattr(fn, "__name__", "method")
     existing = _core.find_node(node_name)
     # defaults may be registered before any input
-    node = existing if existing is not None else api._new_node(node_name)
+    node = existing if existing is not None else api.inputs.new_node(node_name)
     try:
         return _trace_call(api, fn, options, node_name, node, args, kwargs)
     except BaseException:

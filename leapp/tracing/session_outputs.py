@@ -1,32 +1,33 @@
-"""The second half of a node's life cycle: ``output_tensors`` (checks, the node's
-finish, re-entry) and declared state (``state_tensors``, ``update_state``,
-``register_buffer``, ``module``).  SessionAPI inherits both.
+"""The output side of a node's life cycle: ``output_tensors`` (checks, the node's
+finish, re-entry), the tail of late state updates and its close.  SessionAPI
+(leapp.tracing.annotations) holds one NodeOutputs.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-import torch
 
 from . import alias as _alias, escapes as _escapes, guards as _guards
 from . import numpy_array as _numpy
 from .. import _core
 from .fx import build_graph_module
-from .buffers import BufferTracker
 from ..bundle.log import fatal, logger
 from .node_info import info
-from .origins import call_site
 from .payload import Leaf, flatten, normalize, rebuild
 from .session_state import SESSION
-from .traced import TracedTensor, alias, clone_plain, plain
+from .traced import TracedTensor, clone_plain, plain
 
 
-from .session_checks import derived_tag, describe, is_tensor, op_name, tensor_leaf
+from .session_checks import describe, is_tensor, tensor_leaf
 
 
 class NodeOutputs:
-    """output_tensors and the finish of a node (SessionAPI's outputs half)."""
+    """output_tensors and the finish of a node (SessionAPI's output side)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api  # the session's SessionAPI: buffer trackers call its annotations
+        self.inputs = api.inputs
 
     def output_tensors(self, node_name: str, tensors: Any, static_outputs: Any = None,
                        export_with: str | None = None, backend_params: dict | None = None,
@@ -63,7 +64,7 @@ class NodeOutputs:
         return rebuild(values, {leaf.path: value for leaf, value in unwrapped
                                 if value is not leaf.value})
 
-    def _check_outputs(self, api: str, node: _core.Node, leaves: list[Leaf]) -> None:
+    def check_outputs(self, api: str, node: _core.Node, leaves: list[Leaf]) -> None:
         untraced = [f"{leaf.name}: {type(leaf.value).__name__}" for leaf in leaves
                     if _core.carrier_of(leaf.value) is None]
         if untraced:
@@ -95,7 +96,7 @@ class NodeOutputs:
         if not skip and export_with is not None:
             from ..bundle.backend_names import check_backend
             check_backend(node.name, export_with, backend_params)
-        self._check_outputs("output_tensors", node, leaves)
+        self.check_outputs("output_tensors", node, leaves)
         _guards.check_outputs(node, [(leaf.name, leaf.value) for leaf in leaves]
                               + list(node_info.state_updates.items()))
         _escapes.check(node)  # values kept for the next call (leapp.tracing.escapes)
@@ -120,10 +121,10 @@ class NodeOutputs:
         names = [leaf.name for leaf in leaves + static_leaves]
         for index, name in enumerate(names):
             if name in names[:index]:
-                self._check_unique(node, name, outputs=True, taken=names[:index])
+                self.inputs.check_unique(node, name, outputs=True, taken=names[:index])
         self._check_static_over_state(node, static_leaves)
         for tracker in node_info.trackers:
-            tracker.collect(self, node)
+            tracker.collect(self.api, node)
         # Output order: regular outputs, then updated states (in declaration
         # order), then static outputs.  A state named like a regular output
         # takes that output's place; a static output named like a state takes
@@ -242,7 +243,7 @@ class NodeOutputs:
         """
         node_info = info(node)
         for tracker in node_info.trackers:
-            tracker.collect_reentry(self, node)
+            tracker.collect_reentry(self.api, node)
         resolved: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
         for name, value in node_info.state_updates.items():
             if any(port.name == name and port.is_state for port in node.outputs):
@@ -250,18 +251,18 @@ class NodeOutputs:
         for leaf in static_leaves:
             resolved[leaf.name] = leaf
         for leaf in resolved.values():
-            port = self._find_port(node, leaf.name, outputs=True)
-            self._check_same(node, port, leaf)
-            self._cache(node, port, leaf.value)
+            port = self.inputs.find_port(node, leaf.name, outputs=True)
+            self.inputs.check_same(node, port, leaf)
+            self.inputs.cache(node, port, leaf.value)
         missing = {name for name in node_info.late_bound if name not in resolved}
         node_info.state_updates = {}
         if missing:  # this pass's sample is complete once update_state binds them
             node_info.awaiting = {"sample": node_info.pending, "missing": missing}
         else:
-            self._commit_sample(node, node_info.pending)
+            self.commit_sample(node, node_info.pending)
         node_info.pending = {}
 
-    def _commit_sample(self, node: _core.Node, sample: dict) -> None:
+    def commit_sample(self, node: _core.Node, sample: dict) -> None:
         """Append one later pass's cached values to the ports' samples."""
         node_info = info(node)
         cfg = SESSION.config
@@ -312,215 +313,3 @@ class NodeOutputs:
             if node.in_tail:
                 self.close_tail(node)
             info(node).awaiting = None
-
-
-class DeclaredState:
-    """Declared state, buffers and modules (SessionAPI's state half)."""
-
-    def _flat_state(self, api: str, node_name: str, tensors: Any) -> tuple[dict, dict]:
-        values, fields = normalize(api, node_name, tensors)
-        for key, value in values.items():
-            if isinstance(value, (dict, list, tuple)):
-                raise TypeError(f"{api}() for node '{node_name}' does not support nested state "
-                                f"structures ('{key}' is a {type(value).__name__}); declare "
-                                f"each state tensor under its own name.")
-        return values, fields
-
-    def state_tensors(self, node_name: str, tensors: Any) -> Any:
-        """Declare state inputs of the node; updated ones become feedback."""
-        values, fields = self._flat_state("state_tensors", node_name, tensors)
-        if not _core.is_tracing():
-            return rebuild(values, {})
-        node = self._existing("state_tensors", node_name)
-        node_info = info(node)
-        if node.is_tracing:
-            replaced = {}
-            for leaf in flatten(values, fields):
-                if leaf.name in node_info.states:
-                    logger.warning("State '%s' of node '%s' is already declared; the existing "
-                                   "state value is returned.", leaf.name, node.name)
-                    port = node_info.states[leaf.name]
-                    existing = alias(clone_plain(port.value))
-                    _core.set_carrier(existing, node, port.vid, None, True)
-                    replaced[leaf.path] = existing
-                    continue
-                array = isinstance(leaf.value, np.ndarray)
-                traced = self._new_input(node, tensor_leaf(leaf, True), state=True)
-                node_info.states[leaf.name] = node.inputs[-1]
-                replaced[leaf.path] = _numpy.wrap(traced) if array else traced
-            return rebuild(values, replaced)
-        if node.in_tail and set(values) & info(node).late_states:
-            # the next call declares a state whose late update never came (another state
-            # of the next call, declared inside an environment step before the update,
-            # leaves the tail open: the update is tied to the call that declared it)
-            self.close_tail(node)
-        return self._declare(node, values, fields, state=True)
-
-    def update_state(self, node_name: str, tensors: Any) -> Any:
-        """Bind the new values of declared states (feedback outputs)."""
-        values, _ = self._flat_state("update_state", node_name, tensors)
-        if not _core.is_tracing():
-            return rebuild(values, {})
-        node = self._existing("update_state", node_name)
-        node_info = info(node)
-        for name, value in values.items():
-            if isinstance(value, np.ndarray):
-                value = _numpy.as_payload_tensor(value)
-            port = node_info.states.get(name)
-            if port is None:
-                # upstream's words first, then the node and the fix
-                fatal(f"Error: update_state called for '{name}' but it was not registered as a "
-                      f"state tensor. Call state_tensors() first. Node '{node_name}' has no "
-                      f"state '{name}': declare it with annotate.state_tensors('{node_name}', "
-                      f"{{'{name}': initial}}) before updating it.")
-            if node.is_tracing:
-                self._check_outputs("update_state", node, [Leaf(name, value, None, (name,))])
-            elif node.in_tail and name in node_info.late_states:
-                self._check_late_update(node, name, value)
-            elif not node.is_tracing and not self._is_feedback(node, name):
-                self._refuse_untied(node, name)
-            dtype, shape = describe(value)
-            if dtype != port.dtype or shape != tuple(port.shape):
-                fatal(f"Error: update_state for '{name}' of node '{node_name}' has shape "
-                      f"{list(shape)} and dtype {dtype} but expected shape {list(port.shape)} "
-                      f"and dtype {port.dtype}.")
-            if not node.is_tracing and not node.in_tail and node_info.awaiting is not None \
-                    and name in node_info.awaiting["missing"]:
-                self._complete_sample(node, name, value)
-                continue
-            node_info.state_updates[name] = value
-        if node.in_tail and not node_info.late_states - set(node_info.state_updates):
-            self.close_tail(node)
-        return rebuild(values, {})
-
-    @staticmethod
-    def _is_feedback(node: _core.Node, name: str) -> bool:
-        return any(port.name == name and port.is_state for port in node.outputs)
-
-    def _check_late_update(self, node: _core.Node, name: str, value: Any) -> None:
-        """A state updated after output_tensors must be computed from the node's own
-        traced values (its tail); anything else cannot be tied to the call."""
-        carrier = _core.carrier_of(value)
-        if carrier is not None and carrier.node is node:
-            self._name_tail_constants(node, name, carrier.vid)
-            return
-        file, line = call_site()
-        tag = derived_tag(value) if carrier is None else None
-        if carrier is not None:
-            origin = f"a value of node '{carrier.node.name}'"
-        elif tag is not None and tag[0] == node.name:
-            origin = (f"a value computed by '{tag[2]}' from its published output '{tag[1]}' "
-                      f"(published values are constants once output_tensors has run; "
-                      f"use the value the model returned, before it was published)")
-        else:
-            origin = "a value computed outside the node's traced ops"
-
-        fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
-              f"comes after the node's output_tensors and receives {origin}: the update "
-              f"cannot be tied to the call that declared the state, so the exported state "
-              f"would never advance. Compute the new state from the node's values (the "
-              f"tensors its model returned), or call update_state before the environment "
-              f"step (before annotate.output_tensors('{node.name}', ...)).")
-
-    def _name_tail_constants(self, node: _core.Node, name: str, vid: int) -> None:
-        """Warn when a late update is computed, after the node's outputs, with tensors from
-        outside the node (done flags masking the new state): the export bakes their
-        traced values."""
-        wanted = {vid}
-        found: list[tuple[str, tuple]] = []
-        for func, args, kwargs, outs in reversed(node.ops[info(node).tail_start:]):
-            if not wanted & set(outs if isinstance(outs, (tuple, list)) else (outs,)):
-                continue
-            for item in _template_items((args, kwargs)):
-                if isinstance(item, _core.Ref) and item.kind == _core.REF_VALUE:
-                    wanted.add(item.index)
-                elif isinstance(item, torch.Tensor) and item.dim() > 0:
-                    found.append((op_name(func), tuple(item.shape)))
-        if not found:
-            return
-        file, line = call_site()
-        op, shape = found[-1]
-        logger.warning(
-            "update_state for state '%s' of node '%s' at %s:%d is computed after the node's "
-            "outputs with a tensor from outside the node (shape %s, by '%s'; done flags "
-            "masking the new state, say): the export bakes the value it had here. Fix: "
-            "declare it as an input of the node (annotate.input_tensors('%s', {...}) in the "
-            "node's call) and apply it inside the node, or keep it out of the state's update.",
-            name, node.name, file, line, list(shape), op, node.name)
-
-    def _refuse_untied(self, node: _core.Node, name: str) -> None:
-        file, line = call_site()
-        fatal(f"Error: update_state for state '{name}' of node '{node.name}' at {file}:{line} "
-              f"cannot be tied to the call that declared the state: the node's next call "
-              f"already declared its state (or the first pass ended) without this update, so "
-              f"'{name}' is a regular input of the exported node and would never advance. Call "
-              f"update_state before the environment step (before "
-              f"annotate.output_tensors('{node.name}', ...)), or at the latest before the "
-              f"node's next annotate.state_tensors call.")
-
-    def _complete_sample(self, node: _core.Node, name: str, value: Any) -> None:
-        """A later pass's late update: the last values of that pass's sample."""
-        node_info = info(node)
-        awaiting = node_info.awaiting
-        port = self._find_port(node, name, outputs=True)
-        self._check_same(node, port, Leaf(name, value, None, (name,)))
-        awaiting["sample"][id(port)] = (port, clone_plain(value))
-        awaiting["missing"].discard(name)
-        if not awaiting["missing"]:
-            node_info.awaiting = None
-            self._commit_sample(node, awaiting["sample"])
-
-    def register_buffer(self, node_name: str, tensors: Any) -> Any:
-        """Persistent tensors of the node that traced code may write in place."""
-        if isinstance(tensors, torch.Tensor):
-            tensors = {"buffer_0": tensors}
-            single = True
-        elif isinstance(tensors, (list, tuple)) and all(is_tensor(t) for t in tensors):
-            tensors = {f"buffer_{i}": t for i, t in enumerate(tensors)}
-            single = False
-        else:
-            single = None
-        values, fields = normalize("register_buffer", node_name, tensors)
-        if not _core.is_tracing():
-            return rebuild(values, {}) if single is not True else values["buffer_0"]
-        node = self._existing("register_buffer", node_name)
-        replaced = {}
-        for leaf in flatten(values, fields):
-            if not is_tensor(leaf.value) or not node.is_tracing:
-                continue
-            if _core.carrier_of(leaf.value) is not None:
-                fatal(f"register_buffer() for node '{node_name}': '{leaf.name}' is already "
-                      f"traced; buffers must be raw tensors.")
-            vid = node.bind_const(clone_plain(leaf.value))
-            traced = leaf.value if type(leaf.value) is torch.Tensor else alias(leaf.value)
-            _core.set_carrier(traced, node, vid, None, True)
-            replaced[leaf.path] = traced
-        return rebuild(values, replaced)
-
-    def module(self, node_name: str, model: torch.nn.Module,
-               buffer_names: list[str] | None = None) -> None:
-        """Track the registered buffers of model while the node traces."""
-        node = self._existing("module", node_name)
-        if not node.is_tracing:
-            for tracker in info(node).trackers:
-                if tracker.model is model:
-                    tracker.reenter(self, node)
-            return None
-        if any(tracker.model is model for tracker in info(node).trackers):
-            return None  # already tracked by this node
-        tracker = BufferTracker(model, buffer_names)
-        tracker.inject(self, node)
-        info(node).trackers.append(tracker)
-        return None
-
-
-def _template_items(obj: Any) -> Any:
-    """The leaves of an op record's argument template (Refs, tensors, numbers)."""
-    if isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _template_items(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _template_items(item)
-    else:
-        yield obj
