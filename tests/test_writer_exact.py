@@ -255,8 +255,11 @@ def test_the_draws_cover_every_kind():
     integers alone where floats are changed."""
     x = torch.randn(3, 4)
     k = torch.tensor([1, 5, 3], dtype=torch.int32)
-    found = {d.kind: d.inputs for d in fresh_inputs.draws([x, k])}
-    assert list(found) == list(fresh_inputs.KINDS)
+    every = fresh_inputs.draws([x, k])
+    assert [d.kind for d in every] == ["perturbed"] + [kind for kind in fresh_inputs.KINDS[1:]
+                                                       for _ in range(3)]
+    found = {d.kind: d.inputs for d in every}  # the first placement of each kind
+    found = {kind: next(d.inputs for d in every if d.kind == kind) for kind in found}
     assert int(torch.isnan(found["NaN"][0]).sum()) == 4
     assert int(torch.isposinf(found["+inf"][0]).sum()) == 4
     assert bool(torch.signbit(found["-0.0"][0].reshape(-1)[0::3]).all())
@@ -264,7 +267,11 @@ def test_the_draws_cover_every_kind():
     assert int(found["perturbed"][1].min()) >= 1 and int(found["perturbed"][1].max()) <= 5
     edges = found["integer edges"][1]
     assert set(edges.tolist()) == {2 ** 31 - 1, -2 ** 31}
-    assert torch.equal(found["NaN"][1], found["perturbed"][1])
+    assert torch.equal(found["NaN"][1], k)  # the special copies keep the traced values
+    kept = ~torch.isnan(found["NaN"][0])
+    assert torch.equal(found["NaN"][0][kept], x[kept])
+    every_nan = torch.stack([torch.isnan(d.inputs[0]) for d in every if d.kind == "NaN"])
+    assert bool((every_nan.sum(0) == 1).all())  # each position NaN in exactly one placement
 
 
 def test_compare_judges_nan_inf_and_rounding():

@@ -9,8 +9,10 @@ ones, of the same shapes and dtypes:
 - "perturbed": floats moved by a few percent of their scale, integers redrawn
   within the range the trace saw (they may be indices), booleans redrawn;
 - "NaN", "+inf", "-inf", "-0.0", "large" (1e4 in float32, 200 in float16):
-  copies of the perturbed draw with those values at a third of the float
-  positions;
+  copies of the traced inputs (their other values kept: a target of ±1, a
+  0 / 1 mask stay what they were) with those values at a third of the float
+  positions, in three placements, so that every position holds one once (first,
+  second or third in a window), each input's placement its own;
 - "integer edges": integers at their dtype's smallest and largest values, where
   the node accepts them (an index out of range makes eager raise: that draw is
   left out).
@@ -139,11 +141,13 @@ def draws(inputs: Sequence[Any], seed: int = 0) -> list[Draw]:
     gen = torch.Generator().manual_seed(seed)
     base = tuple(_perturbed(t, gen) if isinstance(t, torch.Tensor) else t for t in inputs)
     found = [Draw("perturbed", base)]
+    traced = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in inputs)
     for kind in KINDS[1:]:
-        changed = tuple(_with(t, kind, i) if isinstance(t, torch.Tensor) else t
-                        for i, t in enumerate(base))
-        if any(c is not b for c, b in zip(changed, base)):
-            found.append(Draw(kind, changed))
+        for shift in (0, 1, 2):  # every position special once: first, second, third in a window
+            changed = tuple(_with(t, kind, i + shift) if isinstance(t, torch.Tensor) else t
+                            for i, t in enumerate(traced))
+            if any(c is not b for c, b in zip(changed, traced)):
+                found.append(Draw(kind, changed))
     return found
 
 
@@ -195,10 +199,12 @@ def compare(got: torch.Tensor, want: torch.Tensor, kind: str = "perturbed") -> s
 
 def eager(module: Any, draw: Draw) -> list | None:
     """The fx module's outputs on draw (cloned inputs), or None when eager refuses it."""
+    # a GraphModule's __call__ prints the traceback of an error to stderr: its forward
+    call = module.forward if isinstance(module, torch.fx.GraphModule) else module
     try:
         with torch.no_grad():
-            return _outputs(module(*[t.clone() if isinstance(t, torch.Tensor) else t
-                                     for t in draw.inputs]))
+            return _outputs(call(*[t.clone() if isinstance(t, torch.Tensor) else t
+                                   for t in draw.inputs]))
     except Exception:  # noqa: BLE001  an input the node refuses (an index out of range)
         return None
 
