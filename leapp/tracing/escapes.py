@@ -66,8 +66,9 @@ import torch
 
 from .. import _core
 from . import frames
-from ..bundle.log import fatal, logger
+from ..bundle.log import logger
 from .node_info import info
+from .session_checks import refuse_if_strict
 from .session_state import SESSION
 
 _MODULE_SETATTR = torch.nn.Module.__dict__["__setattr__"]
@@ -382,10 +383,7 @@ def _report(kind: str, site: tuple[str, int], name: str, text: str, node: _core.
         return
     _PROBES.warned.add(key)
     message = f"Node '{node.name}': {text}: {_fix(node.name, name)}"
-    cfg = SESSION.config
-    if cfg is not None and cfg.strict:
-        fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
-              RuntimeError)
+    refuse_if_strict(message)
     logger.warning("%s", message)
 
 
@@ -707,10 +705,7 @@ def _read_again(node: _core.Node, tensor: Any, kept: tuple | None, vid: int | No
         f"{name}}}) before the node reads it (put the returned value where the code reads "
         f"it) and annotate.update_state('{node.name}', {{'{name}': <new value>}}) with what "
         f"the node computes for its next call (docs/tracing.md, 'State kept in Python').")
-    cfg = SESSION.config
-    if cfg is not None and cfg.strict:
-        fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
-              RuntimeError)
+    refuse_if_strict(message)
     if not any((id(node), named) in _PROBES.named for named in _prefixes(path)):
         logger.warning("%s", message)  # (named already when the first pass finished)
 

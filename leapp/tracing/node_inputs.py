@@ -23,7 +23,8 @@ from .payload import Leaf, flatten, rebuild
 from .session_state import SESSION
 from .traced import alias, clone_plain, plain
 from .session_checks import (OPEN_NODE_HINT, derived_tag, describe, description_text, is_tensor,
-                             listed, op_name, port_names, unregistered_text)
+                             listed, op_name, port_names, refuse_if_strict,
+                             unregistered_text)
 
 
 class NodeInputs:
@@ -104,10 +105,7 @@ class NodeInputs:
         if leaf.name in info(node).changed_feedback:
             return  # said on an earlier pass
         info(node).changed_feedback[leaf.name] = message
-        cfg = SESSION.config
-        if cfg is not None and cfg.strict:
-            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
-                  RuntimeError)
+        refuse_if_strict(message)
         logger.warning("%s", message)
 
     def _shadow_input(self, node: _core.Node, name: str, value: Any) -> Any:
@@ -201,10 +199,7 @@ class NodeInputs:
             f"written value with annotate.output_tensors('{writer.name}', {{'{name}': ...}}) "
             f"and declare that output in '{node.name}', or clone() the input inside "
             f"'{writer.name}' before writing to it.")
-        cfg = SESSION.config
-        if cfg is not None and cfg.strict:
-            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
-                  RuntimeError)
+        refuse_if_strict(message)
         logger.error("%s", message)
 
     def _check_derived(self, node: _core.Node, name: str, value: Any) -> None:
@@ -221,10 +216,7 @@ class NodeInputs:
                    f"Do that computation inside a node (e.g. in '{src_node}' before "
                    f"annotate.output_tensors, or in '{node.name}' after "
                    f"annotate.input_tensors), or declare the input from the output itself.")
-        cfg = SESSION.config
-        if cfg is not None and cfg.strict:
-            fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
-                  RuntimeError)
+        refuse_if_strict(message)
         logger.warning("%s If it is meant to enter the pipeline from outside (e.g. an "
                        "environment step), this is what happens and the warning can be "
                        "ignored. Pass strict=True to leapp.start() to make this an error.",

@@ -99,3 +99,13 @@ def tensor_leaf(leaf: Leaf, arrays: bool) -> Leaf:
     if arrays and isinstance(value, np.ndarray):
         return Leaf(leaf.name, _numpy.as_payload_tensor(value), leaf.semantics, leaf.path)
     return leaf
+
+
+def refuse_if_strict(message: str) -> None:
+    """Raise message as a RuntimeError under leapp.start(strict=True) (or LEAPP_STRICT=1),
+    saying so; otherwise return (the caller logs it)."""
+    cfg = SESSION.config
+    if cfg is not None and cfg.strict:
+        from ..bundle.log import fatal
+        fatal(message + " (strict mode: leapp.start(strict=True) or LEAPP_STRICT=1)",
+              RuntimeError)
