@@ -256,8 +256,9 @@ def test_the_draws_cover_every_kind():
     x = torch.randn(3, 4)
     k = torch.tensor([1, 5, 3], dtype=torch.int32)
     every = fresh_inputs.draws([x, k])
-    assert [d.kind for d in every] == ["perturbed"] + [kind for kind in fresh_inputs.KINDS[1:]
-                                                       for _ in range(3)]
+    placements = {"integer edges": 2, "wide integers": 1}
+    assert [d.kind for d in every] == ["perturbed"] + [
+        kind for kind in fresh_inputs.KINDS[1:] for _ in range(placements.get(kind, 3))]
     found = {d.kind: d.inputs for d in every}  # the first placement of each kind
     found = {kind: next(d.inputs for d in every if d.kind == kind) for kind in found}
     assert int(torch.isnan(found["NaN"][0]).sum()) == 4
@@ -267,6 +268,8 @@ def test_the_draws_cover_every_kind():
     assert int(found["perturbed"][1].min()) >= 1 and int(found["perturbed"][1].max()) <= 5
     edges = found["integer edges"][1]
     assert set(edges.tolist()) == {2 ** 31 - 1, -2 ** 31}
+    wide = found["wide integers"][1]
+    assert wide.dtype == torch.int32 and int(wide.abs().max()) > 2 ** 20
     assert torch.equal(found["NaN"][1], k)  # the special copies keep the traced values
     kept = ~torch.isnan(found["NaN"][0])
     assert torch.equal(found["NaN"][0][kept], x[kept])

@@ -13,9 +13,9 @@ ones, of the same shapes and dtypes:
   0 / 1 mask stay what they were) with those values at a third of the float
   positions, in three placements, so that every position holds one once (first,
   second or third in a window), each input's placement its own;
-- "integer edges": integers at their dtype's smallest and largest values, where
-  the node accepts them (an index out of range makes eager raise: that draw is
-  left out).
+- "integer edges" and "wide integers": integers at their dtype's smallest and
+  largest values, and drawn across its whole range, where the node accepts them
+  (an index out of range makes eager raise: that draw is left out).
 
 `first_difference` runs the node's fx graph (eager) and an exported model on
 each draw (one eager raises on is left out, and so is an adversarial one the
@@ -50,8 +50,13 @@ _LARGE = {torch.float16: 200.0, torch.bfloat16: 1.0e4, torch.float32: 1.0e4,
 #: (inf - inf, inf * 0 inside a GRU's gates): a number there is no difference
 _OVERFLOWING = frozenset({"+inf", "-inf", "large"})
 
+#: the placements of a kind (default three: every position special once); integer edges
+#: alternate two values, a wide draw covers every position at once
+_PLACEMENTS = {"integer edges": (0, 1), "wide integers": (0,)}
+
 #: the kinds of draw, in the order they are tried
-KINDS = ("perturbed", "NaN", "+inf", "-inf", "-0.0", "large", "integer edges")
+KINDS = ("perturbed", "NaN", "+inf", "-inf", "-0.0", "large", "integer edges",
+         "wide integers")
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class Difference:
 def _touched(t: Any, draw: Draw) -> bool:
     if not isinstance(t, torch.Tensor):
         return False
-    if draw.kind == "integer edges":
+    if draw.kind in ("integer edges", "wide integers"):
         return not t.is_floating_point() and t.dtype != torch.bool
     return t.is_floating_point() or draw.kind == "perturbed"
 
@@ -114,7 +119,15 @@ def _where_every_third(t: torch.Tensor, value: float, offset: int) -> torch.Tens
 
 
 def _with(t: torch.Tensor, kind: str, offset: int) -> torch.Tensor:
-    """t (a perturbed draw) with the values of kind at a third of its positions."""
+    """t (a traced input) with the values of kind at a third of its positions (integers:
+    at their dtype's edges, or drawn across its whole range)."""
+    if kind == "wide integers":
+        if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
+            return t
+        info = torch.iinfo(t.dtype)
+        gen = torch.Generator().manual_seed(1000 + offset)
+        return torch.randint(info.min, info.max, t.shape, generator=gen,
+                             dtype=torch.int64).to(t.dtype)
     if kind == "integer edges":
         if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
             return t
@@ -143,7 +156,8 @@ def draws(inputs: Sequence[Any], seed: int = 0) -> list[Draw]:
     found = [Draw("perturbed", base)]
     traced = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in inputs)
     for kind in KINDS[1:]:
-        for shift in (0, 1, 2):  # every position special once: first, second, third in a window
+        for shift in _PLACEMENTS.get(kind, (0, 1, 2)):  # every position special once:
+            # first, second or third in a window
             changed = tuple(_with(t, kind, i + shift) if isinstance(t, torch.Tensor) else t
                             for i, t in enumerate(traced))
             if any(c is not b for c, b in zip(changed, traced)):
