@@ -70,6 +70,8 @@ def _fits(value: Any, jit_type: Any) -> bool:
         # int[1] takes a single int (dim=1)
         return element.kind() in ("IntType", "SymIntType") and _fits(value, element)
     if kind in ("IntType", "SymIntType"):
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            return not _HAS_REAL_TYPE  # there, ScalarType / Layout / MemoryFormat read int
         return isinstance(value, int) or (isinstance(value, torch.Tensor) and value.dim() == 0
                                           and not value.is_floating_point())
     if kind == "FloatType":
@@ -90,6 +92,11 @@ def _fits(value: Any, jit_type: Any) -> bool:
 def _type(p: Any) -> Any:
     """A schema argument's declared type (ScalarType, not the int it is stored as)."""
     return getattr(p, "real_type", p.type)
+
+
+# Whether this torch's schema arguments tell ScalarType, Layout and MemoryFormat from int
+# (real_type); where they do not, an int argument takes their values.
+_HAS_REAL_TYPE = hasattr(torch.ops.aten.to.dtype._schema.arguments[1], "real_type")
 
 
 def _bind(schema: Any, args: tuple, kwargs: dict, method: bool) -> dict | None:
