@@ -373,3 +373,14 @@ def test_nan_through_log_softmax_in_float64_and_prelu(tmp_path, caplog, case):
     path, log = _export(tmp_path, fn, make(0), caplog)
     assert FELL_BACK not in log
     _replay(path, fn, make)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_dropout_that_keeps_every_value_exports(tmp_path, caplog, training):
+    """An unbatched dropout3d in eval mode (or with p = 0) returns a view of its input:
+    no longer refused as an output sharing the input's memory; written as the input."""
+    def fn(x):
+        return torch.nn.functional.dropout3d(x, p=0.0, training=training)
+    path, log = _export(tmp_path, fn, _floats(2, 3, 4, 4, nan=False)(0), caplog)
+    assert FELL_BACK not in log
+    _replay(path, fn, _floats(2, 3, 4, 4))

@@ -241,10 +241,35 @@ def check_outputs(node: _core.Node, declared: list, outputs: list, updates: list
                 live = _live_values(node, [v for _, v in outputs] + list(updates))
             if not live[port.vid]:
                 continue  # unused: pruned when the node finishes
+            if _kept_as_is(node, carrier.vid, port.vid):
+                continue  # dropout that keeps every value: a view of the input, no write
             fatal(f"Error: output '{name}' of node '{node.name}' shares memory with declared "
                   f"input '{port_name}', but they carry different tracing roots. An in-place "
                   f"write through one of them is not seen by the other in the exported graph. "
                   f"Use the value annotate.input_tensors() returned, or clone() the output.")
+
+
+_IDENTITY_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d",
+                                 "alpha_dropout", "feature_alpha_dropout", "feature_dropout"})
+
+
+def _kept_as_is(node: _core.Node, vid: int, source: int) -> bool:
+    """Whether value vid is a dropout of value source that keeps every value (eval mode, or
+    p = 0): torch returns the input, or a view of it (an unbatched dropout3d's unsqueeze
+    and squeeze), which shares its memory by design."""
+    for func, args, kwargs, outs in node.ops:
+        if outs != vid:
+            continue
+        first = args[0] if args else None
+        if _ops.random_name(func) not in _IDENTITY_DROPOUTS or not (
+                isinstance(first, _core.Ref) and first.kind == _core.REF_VALUE
+                and first.index == source):
+            return False
+        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+        training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2
+                                                    else True))
+        return not training or p == 0
+    return False
 
 
 def _live_values(node: _core.Node, results: list) -> bytes:

@@ -232,7 +232,10 @@ def softmin(call: Call) -> str:
 
 @rule("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 def dropout(call: Call) -> object:
-    if call.kwargs.get("training", call.args[2] if len(call.args) > 2 else False):
+    """The input as it is in eval mode, or with p = 0 (every value kept)."""
+    training = call.kwargs.get("training", call.args[2] if len(call.args) > 2 else False)
+    p = call.kwargs.get("p", call.args[1] if len(call.args) > 1 else 0.5)
+    if training and p != 0:
         raise call.refuse("dropout in training mode")
     return call.args[0]
 
