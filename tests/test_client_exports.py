@@ -482,22 +482,26 @@ def clip_to_action_space(policy: Any, actions: torch.Tensor) -> torch.Tensor:
 
 
 def export_recurrent_ppo(save_path: str, backend: str,
-                         done_at: dict[int, list[int]] | None = None) -> str:
+                         done_at: dict[int, list[int]] | None = None,
+                         env: ce.ExportEnv | None = None,
+                         graph: str = "sb3_recurrent_ppo") -> str:
+    """Isaac Lab's Stable-Baselines3 export order: the LSTM state declared, _predict,
+    env.step (inside which the action is captured and the next observations declared),
+    the new LSTM state masked with the done flags, then update_state."""
     model, normalize = make_recurrent_ppo()
     policy = model.policy
     policy.set_training_mode(False)
-    env = ce.ExportEnv(SB3_ENVS, SB3_OBS, backend, done_at=done_at)
+    if env is None:
+        env = ce.ExportEnv(SB3_ENVS, SB3_OBS, backend, done_at=done_at)
     layers, _, hidden = policy.lstm_hidden_state_shape
-    zeros = torch.zeros(layers, SB3_ENVS, hidden)
-    carried = [zeros.clone(), zeros.clone()]
+    carried = [torch.zeros(layers, SB3_ENVS, hidden) for _ in range(2)]
 
     def step(obs: torch.Tensor) -> torch.Tensor:
         nonlocal carried
-        obs = normalize_in_torch(obs, normalize)
         state = tuple(ce.declare_state(ce.POLICY_NODE, carried))
-        episode_starts = torch.zeros(SB3_ENVS)
-        actions, next_state = policy._predict(obs, lstm_states=state,
-                                              episode_starts=episode_starts,
+        actions, next_state = policy._predict(normalize_in_torch(obs, normalize),
+                                              lstm_states=state,
+                                              episode_starts=torch.zeros(SB3_ENVS),
                                               deterministic=True)
         # the node's output_tensors happens in here, and the next observations are declared
         obs, terminated, truncated = env.step(clip_to_action_space(policy, actions))
@@ -507,7 +511,7 @@ def export_recurrent_ppo(save_path: str, backend: str,
         return obs
 
     with ce.distribution_validation_off():
-        return _traced_loop(save_path, "sb3_recurrent_ppo", step, env)
+        return _traced_loop(save_path, graph, step, env)
 
 
 def recurrent_ppo_eager(steps: int) -> list[torch.Tensor]:
@@ -566,35 +570,6 @@ def observation_raw(step: int) -> torch.Tensor:
     return ce.observation(step, SB3_ENVS, 1)
 
 
-def export_recurrent_ppo_isaac_order(save_path: str, backend: str) -> str:
-    """Isaac Lab's Stable-Baselines3 export order with observations that have state of
-    their own: the LSTM state declared, _predict, env.step (the action captured, the next
-    observations with their last action and history state declared), the new LSTM state
-    masked with the done flags, then update_state."""
-    model, normalize = make_recurrent_ppo()
-    policy = model.policy
-    policy.set_training_mode(False)
-    env = _IsaacObservations(backend)
-    layers, _, hidden = policy.lstm_hidden_state_shape
-    carried = [torch.zeros(layers, SB3_ENVS, hidden) for _ in range(2)]
-
-    def step(obs: torch.Tensor) -> torch.Tensor:
-        nonlocal carried
-        state = tuple(ce.declare_state(ce.POLICY_NODE, carried))
-        actions, next_state = policy._predict(normalize_in_torch(obs, normalize),
-                                              lstm_states=state,
-                                              episode_starts=torch.zeros(SB3_ENVS),
-                                              deterministic=True)
-        obs, terminated, truncated = env.step(clip_to_action_space(policy, actions))
-        not_done = (~(terminated | truncated)).to(next_state[0].dtype).reshape(1, -1, 1)
-        carried = [s * not_done for s in next_state]
-        annotate.update_state(ce.POLICY_NODE, ce.named_state(carried))
-        return obs
-
-    with ce.distribution_validation_off():
-        return _traced_loop(save_path, "sb3_isaac_order", step, env)
-
-
 @_needs("sb3_contrib", "stable_baselines3", "gymnasium")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recurrent_ppo_in_isaac_labs_order_replays_predict(tmp_path, caplog, backend):
@@ -605,7 +580,8 @@ def test_recurrent_ppo_in_isaac_labs_order_replays_predict(tmp_path, caplog, bac
     import logging
 
     with caplog.at_level(logging.WARNING, logger="leapp"):
-        yaml_path = export_recurrent_ppo_isaac_order(str(tmp_path), backend)
+        yaml_path = export_recurrent_ppo(str(tmp_path), backend, env=_IsaacObservations(backend),
+                                         graph="sb3_isaac_order")
     assert any("update_state for state 'actor_state_0' of node 'policy'" in r.getMessage()
                and "with a tensor from outside the node" in r.getMessage()
                for r in caplog.records)

@@ -32,6 +32,8 @@ import torch
 import leapp
 from leapp import annotate
 
+import client_exports as ce
+
 BACKENDS = ["jit", "onnx"]
 REPLAY = 10
 TOL = 1e-5
@@ -46,13 +48,8 @@ def _needs(*modules: str) -> pytest.MarkDecorator:
 @pytest.fixture
 def jit_disabled() -> Iterator[None]:
     """TorchScript off, as Isaac Lab's export entry points do."""
-    was_enabled = torch.jit._state._enabled.enabled
-    torch.jit._state.disable()
-    try:
+    with ce.torchscript_disabled():
         yield
-    finally:
-        if was_enabled:
-            torch.jit._state.enable()
 
 
 def _warnings(caplog) -> list[str]:
@@ -264,7 +261,6 @@ def test_rsl_rl_recurrent_declared_replays_10_steps(bundle, jit_disabled, backen
 # ---- rl_games' LSTM player (its state on the player, no module reaches it) -------------
 
 def _rl_games() -> tuple[Any, Any]:
-    import client_exports as ce
     import test_client_exports as clients
     return ce, clients
 
@@ -390,7 +386,7 @@ def test_plain_object_held_by_a_module(bundle, caplog):
         _run(KeepsInAPlainObject(), 2, bundle.root)
     (message,) = _kept_warnings(caplog)
     assert message.startswith("Node 'n': KeepsInAPlainObject.memory.h (a tensor of shape "
-                              f"[2]), computed by 'mul' on the node's previous pass")
+                              "[2]), computed by 'mul' on the node's previous pass")
     assert f"is read at {_read_site()}" in message
     assert f"KeepsInAPlainObject.memory.h read at {_read_site()}" in _refused()
 

@@ -23,6 +23,7 @@ from ..models.load import load_node
 from ..bundle.pipeline import Node
 from ..tracing import escapes as _escapes
 from ..bundle.analytics import Analytics
+from .backends import WRITER
 
 REENTRY_HINT = (
     "Sample 0 (initial trace) passed validation, but one or more re-entry samples failed. "
@@ -299,7 +300,7 @@ def random_note(node: str, random_ops: Sequence[tuple]) -> str:
 
 def writer_hint(node: str, writer: str) -> str:
     """Who wrote a node's failing ONNX model and how to choose another."""
-    if writer == "leapp's ONNX writer":
+    if writer == WRITER:
         switch = ("set LEAPP_ONNX_WRITER=torch to export it with torch's ONNX exporter, or "
                   "export it with another backend (export_with='jit' or 'pt2')")
     else:

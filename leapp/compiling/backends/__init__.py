@@ -28,6 +28,11 @@ MODULES = {
 }
 
 
+#: who wrote a node's ONNX model (Exported.writer: a validation failure names it)
+WRITER = "leapp's ONNX writer"
+TORCH_EXPORTER = "torch's ONNX exporter"
+
+
 @dataclass(frozen=True)
 class ExportContext:
     """What compile_graph tells every backend about the compile (the exporters read no

@@ -28,7 +28,7 @@ from .. import fresh_inputs
 from ..fresh_inputs import Difference
 from ..export_errors import exporter_call
 from ...bundle.log import logger
-from . import ExportContext, Exported, prepare_inputs
+from . import TORCH_EXPORTER, WRITER, ExportContext, Exported, prepare_inputs
 
 # Initialisers above this many bytes go to <node>.onnx.data (protobuf caps a
 # single file at 2 GB).
@@ -60,9 +60,7 @@ def default_opset() -> int:
 # What log.txt says of an onnx-dynamo node: written by the writer, or sent to torch's
 # exporter (the test suite's summary counts both).
 WRITTEN = "written by leapp's ONNX writer"
-#: who wrote a node's ONNX model (Exported.writer: validation's failure names it)
-WRITER = "leapp's ONNX writer"
-TORCH_EXPORTER = "torch's ONNX exporter"
+
 FELL_BACK = "exported with torch's ONNX exporter"
 
 

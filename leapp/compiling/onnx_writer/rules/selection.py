@@ -86,7 +86,7 @@ def scatter(call: Call) -> str:
                 reduction=reduction)
 
 
-@rule("masked_fill")
+@rule("masked_fill", "masked_write")  # dest[mask] = value, recorded functionally
 def masked_fill(call: Call) -> str:
     e = call.e
     x = call.args[0]
@@ -117,14 +117,6 @@ def masked_scatter(call: Call) -> str:
     picked = e.op("Reshape", [picked, e.shape_of(x.name)])
     return choose(call, flags, picked, x.name, x.dtype)
 
-
-@rule("masked_write")
-def masked_write(call: Call) -> str:
-    dest, mask, value = call.args[:3]
-    e = call.e
-    filler = operand(call, value, dest.dtype)
-    return choose(call, e.cast(mask.name, mask.dtype, torch.bool), filler, dest.name,
-                  dest.dtype)
 
 
 @rule("index_write")
