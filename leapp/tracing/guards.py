@@ -466,11 +466,12 @@ def _shape_follows_data(node: _core.Node, vid: int) -> bool:
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     env: dict[int, Any] = {}
     try:
-        with mode, torch._C.DisableTorchFunctionSubclass():
-            for port in node.inputs:
-                if isinstance(port.value, torch.Tensor):
-                    env[port.vid] = mode.from_tensor(port.value.detach().as_subclass(
-                        torch.Tensor))
+        with torch._C.DisableTorchFunctionSubclass():  # plain before the mode (torch 2.7's
+            inputs = {port.vid: port.value.detach().as_subclass(torch.Tensor)  # detach there
+                      for port in node.inputs if isinstance(port.value, torch.Tensor)}
+        with mode, torch._C.DisableTorchFunctionSubclass():  # gives a FakeTensor already)
+            for port_vid, value in inputs.items():
+                env[port_vid] = mode.from_tensor(value)
             for func, args, kwargs, out in node.ops:
                 result = func(*resolve(args), **resolve(kwargs or {}))
                 if isinstance(out, tuple):
